@@ -1,0 +1,514 @@
+"""The synchronous episode executor: runs a task's segments on a gymnasium Env or the rows of a VectorEnv.
+
+It emits records (:mod:`demoforge.pipeline.records`) and never decides durability: whether an attempt
+becomes data is the commit stage's call, made from ``AttemptEnded.result.committable``.
+
+Each vector row is its own episode and its own transaction. A row whose attempt ended is reset alone (the
+others keep their state) and starts its next attempt or its next episode; a row with no work left holds
+still (the task's ``demo_hold_action``, else zeros) and records nothing while the other rows continue.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+
+from demoforge.pipeline.contract import (
+    ActionError,
+    Annotations,
+    DemoError,
+    EnvError,
+    EpisodeResult,
+    ObservationError,
+    RecordedObservation,
+    Segment,
+    SegmentResult,
+    StepView,
+    TaskError,
+    TaskProtocolError,
+    TerminalReason,
+    as_bool_verdict,
+    check_action,
+    default_hold_action,
+    find_task_method,
+    iter_segments,
+)
+from demoforge.pipeline.records import AttemptEnded, AttemptKey, AttemptStarted, EpisodeAbandoned, Frame, Record
+
+
+def derive_seed(job_seed: int, episode_index: int, attempt: int) -> int:
+    """The env seed of one attempt: a pure function of its identity, so a resumed job replays a clean one."""
+    state = np.random.SeedSequence([int(job_seed) & 0xFFFFFFFF, int(episode_index), int(attempt)])
+    return int(state.generate_state(1, dtype=np.uint32)[0])
+
+
+@dataclass(frozen=True)
+class EpisodeAssignment:
+    """An episode index to produce, starting at ``first_attempt`` (attempts already spent in earlier runs)."""
+
+    episode_index: int
+    first_attempt: int = 0
+
+
+class WorkSource(Protocol):
+    def next_episode(self) -> EpisodeAssignment | None:
+        """The next episode to run, or None when there is no more work for this executor."""
+        ...
+
+
+class EpisodeRange:
+    """A simple work source: episode indices ``start .. start+count-1``, each from attempt 0."""
+
+    def __init__(self, count: int, start: int = 0) -> None:
+        self._next = start
+        self._end = start + count
+
+    def next_episode(self) -> EpisodeAssignment | None:
+        if self._next >= self._end:
+            return None
+        self._next += 1
+        return EpisodeAssignment(self._next - 1)
+
+
+# ----------------------------------------------------------------------------------------- recording
+def default_record(observation: Any) -> RecordedObservation:
+    if isinstance(observation, Mapping):
+        state = {f"observation.{k}": np.asarray(v) for k, v in observation.items()
+                 if not isinstance(v, Mapping)}
+        return RecordedObservation(state=state)
+    return RecordedObservation(state={"observation.state": np.asarray(observation)})
+
+
+def default_success(info: Mapping[str, Any]) -> bool | None:
+    for key in ("success", "is_success"):
+        if key in info:
+            return as_bool_verdict(info[key], f"info[{key!r}]")
+    return None
+
+
+class _Shapes:
+    """Remembers each recorded key's shape and dtype from the first frame; later frames must match."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+
+    def check(self, kind: str, name: str, array: np.ndarray) -> None:
+        sig = (array.shape, array.dtype)
+        known = self._seen.setdefault(f"{kind}:{name}", sig)
+        if known != sig:
+            raise ObservationError(f"{kind} {name!r} changed from shape {known[0]} {known[1]} to "
+                                   f"{array.shape} {array.dtype}")
+
+
+def _check_recorded(rec: Any, shapes: _Shapes) -> RecordedObservation:
+    if not isinstance(rec, RecordedObservation):
+        raise TaskProtocolError(f"demo_record returned {type(rec).__name__}; expected RecordedObservation")
+    state: dict[str, np.ndarray] = {}
+    for name, value in rec.state.items():
+        array = np.asarray(value)
+        if array.dtype.kind not in "biuf":
+            raise ObservationError(f"state {name!r} has non-numeric dtype {array.dtype}")
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+            raise ObservationError(f"state {name!r} contains NaN or inf")
+        shapes.check("state", name, array)
+        state[name] = array
+    images: dict[str, np.ndarray] = {}
+    for name, value in rec.images.items():
+        image = np.asarray(value)
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+            raise ObservationError(f"camera {name!r} gave {image.shape} {image.dtype}; expected (H, W, 3) uint8")
+        shapes.check("camera", name, image)
+        images[name] = image
+    return RecordedObservation(state=state, images=images)
+
+
+# ------------------------------------------------------------------------------------------- attempt
+_END = object()
+
+
+class _Attempt:
+    """One attempt's cursor: the plan, the current segment's actions, the counters and the results."""
+
+    def __init__(self, task: str, env: Any, key: AttemptKey, seed: int, row: int,
+                 action_space: gym.Space, shapes: _Shapes) -> None:
+        self.task, self.env, self.key, self.seed, self.row = task, env, key, seed, row
+        self.action_space = action_space
+        self.shapes = shapes
+        self.started = time.perf_counter()
+        self.step = 0
+        self.segment_id = -1
+        self.segment: Segment | None = None
+        self.segment_start = 0
+        self.segment_step = 0
+        self.actions: Iterator[Any] | None = None
+        self.action: np.ndarray | None = None
+        self.segments: list[SegmentResult] = []
+        self.plan: Iterator[Segment] | None = None
+        self.recorded: RecordedObservation | None = None
+        self.instruction: str | None = None
+        self.result: EpisodeResult | None = None
+        self._record = find_task_method(env, "demo_record") or default_record
+        self._success = find_task_method(env, "demo_success")
+
+    # -- helpers
+    def where(self) -> dict[str, Any]:
+        return {"task": self.task, "segment": self.segment.name if self.segment else None,
+                "segment_id": self.segment_id if self.segment else None, "step": self.step}
+
+    def _task_call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except DemoError:
+            raise
+        except Exception as exc:
+            raise TaskError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+
+    def observe(self, observation: Any) -> None:
+        rec = self._task_call("demo_record", self._record, observation)
+        self.recorded = _check_recorded(rec, self.shapes)
+
+    # -- planning
+    def begin(self, observation: Any) -> None:
+        """Called after reset: record the first observation and fetch the first segment and action."""
+        instruction_fn = find_task_method(self.env, "demo_instruction")
+        self.instruction = str(instruction_fn()) if instruction_fn else None
+        self.observe(observation)
+        self.plan = self._task_call("create_demo_segments", iter_segments, self.env, self.task)
+        if not self._next_segment():
+            self._finish(TerminalReason.EMPTY_PLAN, completed=False, success=False)
+            return
+        if not self._next_action():
+            self._close_segment(False, "segment yielded no actions")
+            self._finish(TerminalReason.EMPTY_SEGMENT, completed=False, success=False)
+
+    def _next_segment(self) -> bool:
+        assert self.plan is not None
+        segment = self._task_call("planning the next segment", next, self.plan, _END)
+        if segment is _END:
+            return False
+        self.segment = segment
+        self.segment_id += 1
+        self.segment_start = self.step
+        self.segment_step = 0
+        self.actions = iter(segment.actions)
+        return True
+
+    def _next_action(self) -> bool:
+        assert self.actions is not None
+        raw = self._task_call(f"segment {self.segment.name!r} action generator", next, self.actions, _END)
+        if raw is _END:
+            return False
+        self.action = check_action(raw, self.action_space)
+        return True
+
+    def _close_segment(self, success: bool, reason: str | None) -> None:
+        seg = self.segment
+        assert seg is not None
+        self.segments.append(SegmentResult(
+            segment_id=self.segment_id, name=seg.name, start_step=self.segment_start, end_step=self.step,
+            success=success, failure_reason=None if success else reason, target=seg.target,
+            instruction=seg.instruction, metadata=dict(seg.metadata)))
+
+    def _episode_success(self, view: StepView) -> bool | None:
+        if self._success is not None:
+            verdict = self._task_call("demo_success", self._success, view.observation, view.info)
+            return as_bool_verdict(verdict, "demo_success")
+        return default_success(view.info)
+
+    # -- stepping
+    def after_step(self, observation: Any, reward: float, terminated: bool, truncated: bool,
+                   info: Mapping[str, Any]) -> Frame:
+        """Account one env step: builds its frame (with every flag known) and advances the plan."""
+        assert self.action is not None and self.recorded is not None and self.segment is not None
+        action, recorded = self.action, self.recorded
+        episode_step, segment_step = self.step, self.segment_step
+        self.step += 1
+        self.segment_step += 1
+        segment_id = self.segment_id  # the frame belongs to the segment its action came from
+        view = StepView(observation, float(reward), bool(terminated), bool(truncated), info)
+        seg_end, ep_terminated = self._advance(view)
+        if self.result is None:
+            self.observe(observation)
+        return Frame(
+            key=self.key, step=episode_step, state=recorded.state, action=action, reward=float(reward),
+            annotations=Annotations(
+                episode_step=episode_step, segment_id=segment_id, segment_step=segment_step,
+                segment_start=segment_step == 0, segment_end=seg_end, terminated=ep_terminated,
+                truncated=bool(truncated)),
+            images=recorded.images)
+
+    def _advance(self, view: StepView) -> tuple[bool, bool]:
+        """Advance after a step. Returns (this frame ends its segment, this frame ends the episode as terminal)."""
+        if view.truncated:
+            self._close_segment(False, "env truncated")
+            self._finish(TerminalReason.TRUNCATED, completed=False, success=False, truncated=True,
+                         terminated=view.terminated)
+            return True, view.terminated
+        if view.terminated:
+            success = bool(self._episode_success(view))
+            self._close_segment(success, None if success else "env terminated")
+            self._finish(TerminalReason.SUCCESS if success else TerminalReason.FAILURE,
+                         completed=success, success=success, terminated=True)
+            return True, True
+        if self._next_action():
+            return False, False
+        # The segment's actions ran out: validate, then plan the next one from the state it left.
+        seg = self.segment
+        assert seg is not None
+        if seg.validator is not None:
+            verdict = self._task_call(f"segment {seg.name!r} validator", seg.validator, view)
+            if not as_bool_verdict(verdict, f"segment {seg.name!r} validator"):
+                self._close_segment(False, "validator rejected the segment")
+                self._finish(TerminalReason.SEGMENT_VALIDATION_FAILED, completed=False, success=False)
+                return True, False
+        self._close_segment(True, None)
+        if self._next_segment():
+            if self._next_action():
+                return True, False
+            self._close_segment(False, "segment yielded no actions")
+            self._finish(TerminalReason.EMPTY_SEGMENT, completed=False, success=False)
+            return True, False
+        success = self._episode_success(view)
+        if success is None or success:
+            self._finish(TerminalReason.SUCCESS, completed=True, success=True, terminated=True)
+            return True, True
+        self._finish(TerminalReason.TASK_INCOMPLETE, completed=True, success=False)
+        return True, False
+
+    def _finish(self, reason: TerminalReason, *, completed: bool, success: bool, terminated: bool = False,
+                truncated: bool = False, error: DemoError | None = None) -> None:
+        if self.result is not None:
+            return
+        self.result = EpisodeResult(
+            task=self.task, episode_index=self.key.episode_index, attempt=self.key.attempt, seed=self.seed,
+            row=self.row, length=self.step, completed=completed, success=success, terminated=terminated,
+            truncated=truncated, terminal_reason=reason, segments=tuple(self.segments),
+            instruction=self.instruction, error=str(error) if error else None,
+            error_type=type(error).__name__ if error else None,
+            duration_s=time.perf_counter() - self.started)
+
+    def fail(self, error: DemoError) -> None:
+        error.locate(**self.where())
+        self._finish(TerminalReason.ERROR, completed=False, success=False, error=error)
+
+    def interrupt(self) -> None:
+        self._finish(TerminalReason.INTERRUPTED, completed=False, success=False)
+
+
+# -------------------------------------------------------------------------------------------- rows
+class _Rows:
+    """Uniform per-row access to a plain Env (one row) or a SyncVectorEnv-like VectorEnv."""
+
+    def __init__(self, env: gym.Env | gym.vector.VectorEnv) -> None:
+        self.env = env
+        self.vector = isinstance(env, gym.vector.VectorEnv)
+        if self.vector:
+            row_envs = getattr(env, "envs", None)
+            if row_envs is None:
+                raise TaskProtocolError(
+                    f"{type(env).__name__} does not expose its row envs (.envs); the executor needs in-process "
+                    "rows (gymnasium SyncVectorEnv) so each row's task can plan from its state. Use several "
+                    "workers for process parallelism.")
+            mode = env.metadata.get("autoreset_mode")
+            if mode is not None and getattr(mode, "name", str(mode)) != "DISABLED":
+                raise TaskProtocolError(
+                    f"the VectorEnv uses autoreset mode {getattr(mode, 'name', mode)}; create it with "
+                    "autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED so rows reset only when told")
+            self.row_envs = list(row_envs)
+            self.action_space = env.single_action_space
+        else:
+            self.row_envs = [env]
+            self.action_space = env.action_space
+        self.n = len(self.row_envs)
+        self._initialized = False
+
+    def reset_row(self, row: int, seed: int) -> tuple[Any, dict[str, Any]]:
+        if not self.vector:
+            return self.env.reset(seed=seed)
+        seeds = [seed if i == row else None for i in range(self.n)]
+        if not self._initialized:
+            # gymnasium fills its batched observation buffer only on a full reset; rows other than this
+            # one are reset again, with their own seeds, when they start their first attempt.
+            obs, info = self.env.reset(seed=seeds)
+            self._initialized = True
+        else:
+            mask = np.zeros(self.n, dtype=bool)
+            mask[row] = True
+            obs, info = self.env.reset(seed=seeds, options={"reset_mask": mask})
+        return _row_of(obs, row), _row_info(info, row)
+
+    def step(self, actions: list[np.ndarray]) -> list[tuple[Any, float, bool, bool, dict[str, Any]]]:
+        if not self.vector:
+            obs, reward, terminated, truncated, info = self.env.step(actions[0])
+            return [(obs, float(reward), bool(terminated), bool(truncated), info)]
+        obs, reward, terminated, truncated, info = self.env.step(np.stack(actions))
+        return [(_row_of(obs, i), float(reward[i]), bool(terminated[i]), bool(truncated[i]), _row_info(info, i))
+                for i in range(self.n)]
+
+
+def _row_of(tree: Any, row: int) -> Any:
+    if isinstance(tree, Mapping):
+        return {k: _row_of(v, row) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(_row_of(v, row) for v in tree)
+    return tree[row]
+
+
+def _row_info(info: Mapping[str, Any], row: int) -> dict[str, Any]:
+    """Gymnasium vector infos hold arrays plus ``_key`` masks saying which rows set the key."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if key.startswith("_"):
+            continue
+        mask = info.get(f"_{key}")
+        if mask is not None and not bool(np.asarray(mask)[row]):
+            continue
+        out[key] = _row_info(value, row) if isinstance(value, Mapping) else value[row]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ executor
+class Executor:
+    """Runs episodes from a :class:`WorkSource` until it runs dry, retrying each up to ``max_attempts``.
+
+    ``interrupt`` is polled before every env step; when it returns True every active attempt ends as
+    ``interrupted`` and :meth:`run` returns.
+    """
+
+    def __init__(self, env: gym.Env | gym.vector.VectorEnv, *, task: str, job_seed: int = 0,
+                 max_attempts: int = 3, interrupt: Callable[[], bool] | None = None, worker: int = 0) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.rows = _Rows(env)
+        self.task = task
+        self.job_seed = job_seed
+        self.max_attempts = max_attempts
+        self.interrupt = interrupt or (lambda: False)
+        self.worker = worker
+        self._shapes = _Shapes()
+        self._holds: list[np.ndarray | None] = [None] * self.rows.n
+
+    def _hold_action(self, row: int) -> np.ndarray:
+        hold = find_task_method(self.rows.row_envs[row], "demo_hold_action")
+        if hold is not None:
+            return check_action(hold(), self.rows.action_space)
+        cached = self._holds[row]
+        if cached is None:
+            cached = self._holds[row] = default_hold_action(self.rows.action_space)
+        return cached
+
+    def _start(self, row: int, assignment: EpisodeAssignment, attempt: int) -> tuple[_Attempt, list[Record]]:
+        key = AttemptKey(assignment.episode_index, attempt)
+        seed = derive_seed(self.job_seed, key.episode_index, attempt)
+        att = _Attempt(self.task, self.rows.row_envs[row], key, seed, row, self.rows.action_space, self._shapes)
+        out: list[Record] = [AttemptStarted(key=key, seed=seed, row=row, worker=self.worker)]
+        try:
+            try:
+                obs, _info = self.rows.reset_row(row, seed)
+            except DemoError:
+                raise
+            except Exception as exc:
+                raise EnvError(f"reset(seed={seed}) raised {type(exc).__name__}: {exc}") from exc
+            att.begin(obs)
+        except DemoError as exc:
+            att.fail(exc)
+        return att, out
+
+    def run(self, work: WorkSource) -> Iterator[Record]:
+        n = self.rows.n
+        attempts: list[_Attempt | None] = [None] * n
+        assignments: list[EpisodeAssignment | None] = [None] * n
+        frames: list[int] = [0] * n
+        exhausted = False
+
+        def settle(row: int) -> Iterator[Record]:
+            """Emit the end of a finished attempt and start the row's next attempt or episode."""
+            nonlocal exhausted
+            while True:
+                att = attempts[row]
+                if att is not None and att.result is None:
+                    return
+                if att is not None:
+                    assert att.result is not None
+                    yield AttemptEnded(key=att.key, result=att.result, frames=frames[row])
+                    assignment = assignments[row]
+                    assert assignment is not None
+                    next_attempt = att.key.attempt + (1 if att.result.counts_as_attempt else 0)
+                    attempts[row] = None
+                    if att.result.terminal_reason is TerminalReason.INTERRUPTED:
+                        return
+                    if not att.result.committable:
+                        if next_attempt < self.max_attempts:
+                            frames[row] = 0
+                            attempts[row], started = self._start(row, assignment, next_attempt)
+                            yield from started
+                            continue
+                        yield EpisodeAbandoned(assignment.episode_index, next_attempt,
+                                               att.result.failure_reason or att.result.terminal_reason.value)
+                    assignments[row] = None
+                if exhausted:
+                    return
+                assignment = work.next_episode()
+                if assignment is None:
+                    exhausted = True
+                    return
+                if assignment.first_attempt >= self.max_attempts:
+                    yield EpisodeAbandoned(assignment.episode_index, assignment.first_attempt,
+                                           "attempts already exhausted")
+                    continue
+                assignments[row] = assignment
+                frames[row] = 0
+                attempts[row], started = self._start(row, assignment, assignment.first_attempt)
+                yield from started
+
+        for row in range(n):
+            yield from settle(row)
+
+        while any(a is not None for a in attempts):
+            if self.interrupt():
+                for row, att in enumerate(attempts):
+                    if att is not None:
+                        att.interrupt()
+                        yield from settle(row)
+                return
+            actions: list[np.ndarray] = []
+            for row, att in enumerate(attempts):
+                if att is not None:
+                    assert att.action is not None
+                    actions.append(att.action)
+                else:
+                    actions.append(self._hold_action(row))
+            try:
+                results = self.rows.step(actions)
+            except Exception as exc:
+                # One step call drives every row, so an env error fails every active row's attempt.
+                cls = type(exc) if isinstance(exc, DemoError) else EnvError
+                detail = exc.detail if isinstance(exc, DemoError) else f"step raised {type(exc).__name__}: {exc}"
+                for row, att in enumerate(attempts):
+                    if att is not None:
+                        att.fail(cls(detail))
+                        yield from settle(row)
+                continue
+            for row, att in enumerate(attempts):
+                if att is None:
+                    continue
+                obs, reward, terminated, truncated, info = results[row]
+                try:
+                    frame = att.after_step(obs, reward, terminated, truncated, info)
+                except DemoError as exc:
+                    att.fail(exc)
+                else:
+                    frames[row] += 1
+                    yield frame
+                yield from settle(row)
+
+
+def run_episodes(env: gym.Env | gym.vector.VectorEnv, *, task: str, episodes: int, job_seed: int = 0,
+                 max_attempts: int = 3) -> Iterator[Record]:
+    """Convenience: run episodes ``0..episodes-1`` and yield every record."""
+    yield from Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts).run(EpisodeRange(episodes))

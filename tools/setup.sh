@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh machine: Debian libraries, Python 3.12 venv in .venv, the project and its
+# test extras. A second run only checks and returns in seconds (a stamp records what was installed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+# 1. Debian packages: EGL/Mesa for offscreen MuJoCo rendering, FFmpeg 5.1 shared libraries for torchcodec.
+DEB_PACKAGES=(libegl1 libegl-mesa0 libgl1-mesa-dri libopengl0 libosmesa6
+              libavutil57 libavcodec59 libavformat59 libavdevice59 libavfilter8 libswscale6 libswresample4)
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    say "installing Debian packages: ${missing[*]}"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq </dev/null
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null >/dev/null
+fi
+
+# 2. Python 3.12 (lerobot 0.6.x needs it).
+find_python() {
+    local c
+    for c in "${DEMOFORGE_PYTHON:-}" python3.12 \
+             "$(command -v pyenv >/dev/null 2>&1 && echo "$(pyenv root)/versions/3.12.1/bin/python3.12")" \
+             "$HOME/.pyenv/versions/3.12.1/bin/python3.12"; do
+        [ -n "$c" ] || continue
+        if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+            command -v "$c"; return 0
+        fi
+    done
+    # Any pyenv-installed 3.12.x.
+    for c in "$HOME"/.pyenv/versions/3.12.*/bin/python3.12; do [ -x "$c" ] && { echo "$c"; return 0; }; done
+    return 1
+}
+if [ ! -x .venv/bin/python ]; then
+    PY=$(find_python) || { say "Python 3.12 not found (set DEMOFORGE_PYTHON or install it with pyenv)"; exit 1; }
+    say "creating .venv with $PY"
+    "$PY" -m venv .venv
+fi
+
+# 3. Python packages; the stamp holds a hash of pyproject.toml so edits trigger a reinstall.
+stamp=.venv/.demoforge-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing Python packages (first run downloads a few GiB: torch comes as a CUDA build)"
+    .venv/bin/python -m pip install -q --upgrade pip </dev/null
+    .venv/bin/python -m pip install -q -e '.[test]' </dev/null
+    echo "$want" > "$stamp"
+fi
+# The editable install maps the repository folders into the demoforge package; check that it imports.
+MUJOCO_GL=egl .venv/bin/python -c 'import demoforge.pipeline, demoforge.storage, demoforge.stages' \
+    || { rm -f "$stamp"; say "import check failed; re-run tools/setup.sh"; exit 1; }
