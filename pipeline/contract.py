@@ -255,7 +255,7 @@ class EpisodeResult:
                 "truncated": self.truncated, "terminal_reason": self.terminal_reason.value,
                 "failure_reason": self.failure_reason, "instruction": self.instruction,
                 "error": self.error, "error_type": self.error_type,
-                "timings": {"duration_s": round(self.duration_s, 6)},
+                "timings": {"duration_s": self.duration_s},
                 "segments": [s.to_record() for s in self.segments]}
 
     @classmethod

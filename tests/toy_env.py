@@ -45,6 +45,7 @@ class PointEnv(gym.Env):
         self.t = 0
         self.resets = 0
         self.positions_seen_by_planner: list[float] = []
+        self.actions_log: list[float] = []
 
     def _obs(self) -> np.ndarray:
         return np.array([self.x, self.t], dtype=np.float32)
@@ -59,7 +60,8 @@ class PointEnv(gym.Env):
     def step(self, action):
         if self.raise_at is not None and self.t == self.raise_at:
             raise RuntimeError("simulated physics blow-up")
-        self.x += float(np.asarray(action).reshape(-1)[0])
+        self.actions_log.append(float(np.asarray(action).reshape(-1)[0]))
+        self.x += self.actions_log[-1]
         self.t += 1
         terminated = self.terminate_at is not None and self.t >= self.terminate_at
         truncated = self.t >= self.max_steps
@@ -82,3 +84,13 @@ class PointEnv(gym.Env):
         if self.image:
             images["cam"] = np.full((8, 8, 3), int(self.x) % 256, dtype=np.uint8)
         return RecordedObservation(state={"observation.state": observation}, images=images)
+
+
+class HoldingPointEnv(PointEnv):
+    """A PointEnv whose task defines a hold action (a recognisable value, so tests can see it used)."""
+
+    hold_calls = 0
+
+    def demo_hold_action(self) -> np.ndarray:
+        self.hold_calls += 1
+        return np.zeros(1, np.float32)
