@@ -67,3 +67,35 @@ class EpisodeAbandoned:
 
 
 Record = AttemptStarted | Frame | AttemptEnded | EpisodeAbandoned
+
+
+# ---------------------------------------------------------------------------- after the encode stage
+@dataclass(frozen=True, eq=False)
+class EncodedFrame:
+    """A frame whose images became encoded bytes (possibly empty: encoders buffer a few frames)."""
+
+    key: AttemptKey
+    step: int
+    state: Mapping[str, np.ndarray]
+    action: np.ndarray
+    reward: float
+    annotations: Annotations
+    video: Mapping[str, bytes]
+
+
+@dataclass(frozen=True)
+class VideoTail:
+    """The bytes each camera's encoder flushed when its attempt ended (committable attempts only)."""
+
+    key: AttemptKey
+    video: Mapping[str, bytes]
+
+
+# ----------------------------------------------------------------------------- after the write stage
+@dataclass(frozen=True)
+class StagedAttempt:
+    """An ended attempt whose data (if committable) is fully written, awaiting commit or discard."""
+
+    ended: AttemptEnded
+    video_bytes: Mapping[str, int]
+    content_hash: str | None

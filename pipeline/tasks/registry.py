@@ -8,6 +8,7 @@ need to start a simulator.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,9 +102,17 @@ def register(entry: TaskEntry) -> TaskEntry:
     return entry
 
 
+def _load_plugins() -> None:
+    """Import the modules named in ``DEMOFORGE_TASK_MODULES`` (comma-separated); they register tasks."""
+    for module in filter(None, (m.strip() for m in os.environ.get("DEMOFORGE_TASK_MODULES", "").split(","))):
+        importlib.import_module(module)
+
+
 def get_task(name: str) -> TaskEntry:
     if name not in _REGISTRY and name in _BUILTIN_MODULES:
         importlib.import_module(_BUILTIN_MODULES[name])
+    if name not in _REGISTRY:
+        _load_plugins()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -111,4 +120,5 @@ def get_task(name: str) -> TaskEntry:
 
 
 def task_names() -> list[str]:
+    _load_plugins()
     return sorted(set(_REGISTRY) | set(_BUILTIN_MODULES))

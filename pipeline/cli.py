@@ -1,0 +1,239 @@
+"""The ``demoforge`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("MUJOCO_GL", "egl")  # offscreen rendering on machines without a display
+
+from rich.console import Console
+from rich.table import Table
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+# --------------------------------------------------------------------------------------------- tasks
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from demoforge.pipeline.tasks.registry import get_task, task_names
+
+    rows = []
+    for name in task_names():
+        info = get_task(name).info()
+        rows.append({"name": name, "description": info.description, "fps": info.fps,
+                     "cameras": {c.name: [c.height, c.width, 3] for c in info.cameras},
+                     "action_shape": list(info.action_shape),
+                     "state_shapes": {k: list(v) for k, v in info.state_shapes.items()},
+                     "segments": list(info.segment_names), "options": dict(info.options)})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    table = Table(title="demoforge tasks")
+    for col in ("task", "fps", "cameras", "action", "state", "segments", "options"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["name"], str(r["fps"]),
+                      ", ".join(f"{k} {v[0]}x{v[1]}" for k, v in r["cameras"].items()) or "-",
+                      str(tuple(r["action_shape"])),
+                      ", ".join(f"{k} {tuple(v)}" for k, v in r["state_shapes"].items()),
+                      ", ".join(dict.fromkeys(r["segments"])),
+                      ", ".join(f"{k}={v}" for k, v in r["options"].items()))
+    _console().print(table)
+    return EXIT_OK
+
+
+def _parse_options(items: Sequence[str]) -> dict[str, Any]:
+    """``--option key=value``: values are JSON when they parse (numbers, booleans), else strings."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"demoforge: --option expects KEY=VALUE, got {item!r}")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
+
+
+# ----------------------------------------------------------------------------------------------- run
+def cmd_run(args: argparse.Namespace) -> int:
+    """Execute episodes without storing them and print their segments (a quick look at a task)."""
+    from demoforge.pipeline.executor import run_episodes
+    from demoforge.pipeline.records import AttemptEnded
+    from demoforge.pipeline.tasks.registry import get_task
+
+    entry = get_task(args.task)
+    env = entry.build(_parse_options(args.option))
+    console = _console()
+    table = Table(title=f"{args.task}: {args.episodes} episode(s), seed {args.seed}")
+    for col in ("episode", "attempt", "seed", "outcome", "frames", "segments (name [start,end) ok)"):
+        table.add_column(col, overflow="fold")
+    outcomes: Counter[str] = Counter()
+    try:
+        for record in run_episodes(env, task=args.task, episodes=args.episodes, job_seed=args.seed,
+                                   max_attempts=args.max_attempts):
+            if isinstance(record, AttemptEnded):
+                r = record.result
+                outcomes["committable" if r.committable else r.terminal_reason.value] += 1
+                segs = " ".join(f"{s.name}[{s.start_step},{s.end_step}){'' if s.success else '✗'}"
+                                for s in r.segments)
+                outcome = "success" if r.committable else (r.failure_reason or r.terminal_reason.value)
+                table.add_row(str(r.episode_index), str(r.attempt), str(r.seed), outcome, str(r.length), segs)
+    finally:
+        env.close()
+    console.print(table)
+    console.print("outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(outcomes.items())))
+    return EXIT_OK if outcomes["committable"] else EXIT_FAIL
+
+
+# ------------------------------------------------------------------------------------------ generate
+def _job_spec(args: argparse.Namespace):
+    from demoforge.pipeline.job import JobSpec, VideoSettings
+
+    video = VideoSettings(codec=args.codec, crf=args.crf, g=args.gop, encoder_threads=args.encoder_threads)
+    return JobSpec(task=args.task, episodes=args.episodes, task_options=_parse_options(args.option),
+                   seed=args.seed, max_attempts=args.max_attempts, workers=args.workers, num_envs=args.num_envs,
+                   video=video, queue_frames=args.queue_frames)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from demoforge.pipeline.runner import JobRunner, JobStats
+
+    import anyio
+
+    spec = _job_spec(args)
+    console = _console(stderr=True)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
+                        disable=not console.is_terminal)
+    bar = progress.add_task(f"{spec.task}", total=spec.episodes, detail="")
+    last_line = [0.0]
+
+    def on_progress(stats: JobStats) -> None:
+        detail = (f"discarded {sum(stats.discarded.values())}  {stats.frames_per_s():.0f} frames/s  "
+                  f"queues {stats.queue_depths()}")
+        progress.update(bar, completed=min(stats.total_committed, spec.episodes), detail=detail)
+        if not console.is_terminal:
+            import time
+            if time.monotonic() - last_line[0] > 5 or stats.total_committed >= spec.episodes:
+                last_line[0] = time.monotonic()
+                console.print(f"committed {stats.total_committed}/{spec.episodes}  {detail}")
+
+    runner = JobRunner(spec, args.store, on_progress)
+    with progress:
+        progress.update(bar, completed=0)
+        report = anyio.run(lambda: runner.run(handle_signals=True))
+    out = _console()
+    out.print(report.recovery.describe())
+    discarded = ", ".join(f"{k}={v}" for k, v in sorted(report.discarded.items())) or "none"
+    out.print(f"{'stopped' if report.interrupted else 'done'}: {report.committed_total}/{report.target} episodes "
+              f"committed in {args.store} ({report.committed_this_run} this run, {report.frames_this_run} frames, "
+              f"{report.frames_this_run / max(report.elapsed_s, 1e-9):.0f} frames/s, {report.elapsed_s:.1f} s); "
+              f"discarded attempts: {discarded}; abandoned episodes: {report.abandoned}")
+    if not report.complete:
+        out.print(f"re-run the same command to resume: {report.target - report.committed_total} episode(s) to go")
+    return EXIT_OK if report.complete or report.interrupted else EXIT_FAIL
+
+
+# -------------------------------------------------------------------------------------------- status
+def cmd_status(args: argparse.Namespace) -> int:
+    from demoforge.storage.store import open_catalog_readonly
+
+    catalog = open_catalog_readonly(args.store)
+    try:
+        summary = catalog.summary()
+        summary["fingerprint"] = catalog.fingerprint()
+        summary["store"] = str(args.store)
+    finally:
+        catalog.close()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return EXIT_OK
+    console = _console()
+    fp = summary["fingerprint"] or {}
+    console.print(f"store {args.store}: task {fp.get('task')!r}, fps {fp.get('fps')}, "
+                  f"codec {fp.get('video', {}).get('codec')}, seed {fp.get('seed')}")
+    states = summary["attempts_by_state"]
+    console.print("attempts: " + (", ".join(f"{k}={v}" for k, v in sorted(states.items())) or "none"))
+    console.print(f"committed frames: {summary['committed_frames']}")
+    reasons = summary["discarded_by_reason"]
+    console.print("discarded by reason: " + (", ".join(f"{k}={v}" for k, v in sorted(reasons.items())) or "none"))
+    cleaned = Counter(r["action"] for r in summary["recovery"])
+    console.print("recovery cleaned: " + (", ".join(f"{k}={v}" for k, v in sorted(cleaned.items())) or "nothing"))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    from demoforge.pipeline.tasks.registry import DEFAULT_TASK
+
+    parser = argparse.ArgumentParser(prog="demoforge", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("tasks", help="list the built-in tasks")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_tasks)
+
+    def job_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--task", default=DEFAULT_TASK)
+        p.add_argument("--episodes", type=int, default=10)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--max-attempts", type=int, default=3)
+        p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                       help="a task option, e.g. --option cycles=2 (see `demoforge tasks`)")
+
+    p = sub.add_parser("run", help="execute episodes without storing them; print each one's segments")
+    job_args(p)
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("generate", help="generate episodes into a store until N are committed (resumable)")
+    job_args(p)
+    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--workers", type=int, default=1, help="env worker threads")
+    p.add_argument("--num-envs", type=int, default=1, help="vector-env rows per worker")
+    p.add_argument("--codec", default="libsvtav1", help="libsvtav1 (LeRobot's default), h264, hevc")
+    p.add_argument("--crf", type=int, default=30)
+    p.add_argument("--gop", type=int, default=2, help="keyframe interval")
+    p.add_argument("--encoder-threads", type=int, default=None)
+    p.add_argument("--queue-frames", type=int, default=32, help="capacity of each inter-stage queue")
+    p.set_defaults(fn=cmd_generate)
+
+    p = sub.add_parser("status", help="counts by state and outcome of a store (safe while a job runs)")
+    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_status)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from demoforge.pipeline.job import JobConfigError
+    from demoforge.pipeline.tasks.registry import TaskOptionError, UnknownTaskError
+    from demoforge.storage.catalog import JobMismatchError
+    from demoforge.storage.store import StoreError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (JobConfigError, TaskOptionError, UnknownTaskError, JobMismatchError, StoreError) as exc:
+        _console(stderr=True).print(f"demoforge {args.command}: error: {exc}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _console(stderr=True).print(f"demoforge {args.command}: stopped at once; committed episodes are kept")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

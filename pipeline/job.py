@@ -1,0 +1,114 @@
+"""A generation job: what to produce, how to encode it, and the fingerprint that binds it to a store."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from demoforge.pipeline.contract import SCHEMA_VERSION
+from demoforge.pipeline.tasks.registry import TaskInfo, get_task
+
+# SVT-AV1 prints a banner per encoder at info level; keep it to warnings unless the user asks.
+os.environ.setdefault("SVT_LOG", "1")
+
+CODEC_ALIASES = {"av1": "libsvtav1", "libx264": "h264", "x264": "h264"}
+SUPPORTED_CODECS = ("libsvtav1", "h264", "hevc", "libaom-av1")
+
+
+class JobConfigError(ValueError):
+    """A job setting is out of range or unknown."""
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """Camera encoding; the defaults are LeRobot 0.6.1's (SVT-AV1, yuv420p, g=2, crf=30, preset 12)."""
+
+    codec: str = "libsvtav1"
+    crf: int | None = 30
+    preset: int | str | None = None
+    g: int = 2
+    pix_fmt: str = "yuv420p"
+    encoder_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        codec = CODEC_ALIASES.get(self.codec, self.codec)
+        if codec not in SUPPORTED_CODECS:
+            raise JobConfigError(f"unsupported codec {self.codec!r}; choose one of {', '.join(SUPPORTED_CODECS)}")
+        object.__setattr__(self, "codec", codec)
+        if self.preset is None:
+            object.__setattr__(self, "preset", {"libsvtav1": 12, "h264": "veryfast", "hevc": "veryfast"}.get(codec))
+        if self.g < 1:
+            raise JobConfigError(f"g (keyframe interval) must be >= 1, got {self.g}")
+
+    def codec_options(self) -> dict[str, str]:
+        """PyAV codec options, mapped as LeRobot 0.6.1's ``VideoEncoderConfig.get_codec_options`` maps them.
+
+        Written out here because importing lerobot pulls in torch (seconds of start-up per process); a test
+        checks this mapping against lerobot's own for every supported codec.
+        """
+        opts: dict[str, str] = {"g": str(self.g)}
+        if self.crf is not None:
+            opts["crf"] = str(self.crf)
+        if self.preset is not None:
+            opts["preset"] = str(self.preset)
+        if self.codec == "libsvtav1":
+            params = ["fast-decode=0"]
+            if self.encoder_threads is not None:
+                params.append(f"lp={self.encoder_threads}")
+            opts["svtav1-params"] = ":".join(params)
+        elif self.codec in ("h264", "hevc") and self.encoder_threads is not None:
+            opts["threads"] = str(self.encoder_threads)
+        elif self.codec == "libaom-av1" and self.encoder_threads is not None:
+            opts["threads"] = str(self.encoder_threads)
+            opts["row-mt"] = "1"
+        return opts
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that change the bytes of the stored video (threads do not)."""
+        return {"codec": self.codec, "crf": self.crf, "preset": self.preset, "g": self.g, "pix_fmt": self.pix_fmt}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What ``demoforge generate`` runs. Only the fingerprint's fields are fixed for the life of a store."""
+
+    task: str
+    episodes: int
+    task_options: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    max_attempts: int = 3
+    workers: int = 1
+    num_envs: int = 1
+    video: VideoSettings = field(default_factory=VideoSettings)
+    chunk_frames: int = 64
+    queue_frames: int = 32
+
+    def __post_init__(self) -> None:
+        checks = {"episodes": (self.episodes, 0, 10_000_000), "max_attempts": (self.max_attempts, 1, 1000),
+                  "workers": (self.workers, 1, 64), "num_envs": (self.num_envs, 1, 256),
+                  "chunk_frames": (self.chunk_frames, 1, 100_000), "queue_frames": (self.queue_frames, 1, 100_000),
+                  "seed": (self.seed, 0, 2**32 - 1)}
+        for name, (value, lo, hi) in checks.items():
+            if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+                raise JobConfigError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+
+    def task_info(self) -> TaskInfo:
+        return get_task(self.task).info(self.task_options)
+
+    def fingerprint(self, info: TaskInfo | None = None) -> dict[str, Any]:
+        """Everything that shapes stored data: a store keeps one fingerprint for life."""
+        info = info or self.task_info()
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "task": self.task,
+            "task_options": dict(info.options),
+            "fps": info.fps,
+            "cameras": [[c.name, c.height, c.width] for c in info.cameras],
+            "state_shapes": {k: list(v) for k, v in info.state_shapes.items()},
+            "action_shape": list(info.action_shape),
+            "video": self.video.identity(),
+            "seed": self.seed,
+            "chunk_frames": self.chunk_frames,
+        }

@@ -1,0 +1,178 @@
+"""Runs a job to its target: builds the stage graph in one task group, joined by bounded streams.
+
+::
+
+    plan ──assignments──> step (K env workers) ──frames──> encode ──encoded──> write ──staged──> commit
+
+Every stream is bounded (``queue_frames`` items), so a slow stage blocks the ones before it, back to the env
+workers: nothing is dropped and memory is bounded by the queues, not by episode or job length.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from demoforge.pipeline.executor import EpisodeAssignment
+from demoforge.pipeline.faults import stage_delays
+from demoforge.pipeline.job import JobSpec
+from demoforge.pipeline.records import Record, StagedAttempt
+from demoforge.pipeline.tasks.registry import get_task
+from demoforge.stages.commit import commit_stage
+from demoforge.stages.encode import encode_stage
+from demoforge.stages.plan import EpisodePlanner
+from demoforge.stages.step import step_stage
+from demoforge.stages.write import write_stage
+from demoforge.storage.recovery import RecoveryReport
+from demoforge.storage.store import JobStore
+
+
+@dataclass
+class JobStats:
+    """Live counters of one run (also what the daemon's metrics read)."""
+
+    target: int
+    committed_before: int = 0
+    committed: int = 0
+    discarded: Counter[str] = field(default_factory=Counter)
+    abandoned: int = 0
+    frames: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+    queues: dict[str, MemoryObjectSendStream[Any]] = field(default_factory=dict)
+
+    @property
+    def total_committed(self) -> int:
+        return self.committed_before + self.committed
+
+    def frames_per_s(self) -> float:
+        elapsed = time.monotonic() - self.started_at
+        return self.frames / elapsed if elapsed > 0 else 0.0
+
+    def queue_depths(self) -> dict[str, int]:
+        return {name: s.statistics().current_buffer_used for name, s in self.queues.items()}
+
+
+@dataclass(frozen=True)
+class JobReport:
+    store: Path
+    target: int
+    committed_total: int
+    committed_this_run: int
+    discarded: dict[str, int]
+    abandoned: int
+    frames_this_run: int
+    elapsed_s: float
+    recovery: RecoveryReport
+    interrupted: bool
+
+    @property
+    def complete(self) -> bool:
+        return self.committed_total >= self.target
+
+
+class JobRunner:
+    """One run of a job on a store. ``stop()`` (thread-safe) ends it early: in-flight attempts are
+    discarded, committed ones kept."""
+
+    def __init__(self, spec: JobSpec, store_dir: Path | str,
+                 on_progress: Callable[[JobStats], None] | None = None) -> None:
+        self.spec = spec
+        self.store_dir = Path(store_dir)
+        self.entry = get_task(spec.task)
+        self.info = self.entry.info(spec.task_options)
+        self.on_progress = on_progress
+        self._stop = threading.Event()
+        self._planner: EpisodePlanner | None = None
+        self._token: Any = None
+        self.stats = JobStats(target=spec.episodes)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._planner is not None and self._token is not None:
+            try:
+                anyio.from_thread.run_sync(self._planner.stop, token=self._token)
+            except RuntimeError:  # called from the event loop thread itself
+                self._planner.stop()
+
+    async def run(self, handle_signals: bool = False) -> JobReport:
+        spec, info = self.spec, self.info
+        delays = stage_delays()
+        store = await anyio.to_thread.run_sync(JobStore.open, self.store_dir, spec.fingerprint(info))
+        try:
+            resume = store.catalog.resume_state()
+            planner = self._planner = EpisodePlanner(spec.episodes, resume, spec.max_attempts)
+            self._token = anyio.lowlevel.current_token()
+            stats = self.stats
+            stats.committed_before = len(resume.committed)
+            q = spec.queue_frames
+            assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](
+                max(1, spec.workers * spec.num_envs))
+            step_send, step_recv = anyio.create_memory_object_stream[Record](q)
+            enc_send, enc_recv = anyio.create_memory_object_stream[Record](q)
+            write_send, write_recv = anyio.create_memory_object_stream[Record | StagedAttempt](q)
+            stats.queues = {"step->encode": step_send, "encode->write": enc_send, "write->commit": write_send}
+
+            def on_outcome(item: StagedAttempt) -> None:
+                result = item.ended.result
+                if result.committable:
+                    stats.committed += 1
+                    stats.frames += item.ended.frames
+                else:
+                    stats.discarded[result.terminal_reason.value] += 1
+                if self.on_progress is not None:
+                    self.on_progress(stats)
+
+            async with anyio.create_task_group() as tg:
+                if handle_signals:
+                    tg.start_soon(self._watch_signals, tg)
+                if planner.done:
+                    assign_send.close()
+                else:
+                    tg.start_soon(planner.run, assign_send)
+                async with assign_recv, step_send:
+                    for worker in range(spec.workers):
+                        tg.start_soon(lambda w=worker: step_stage(
+                            w, lambda: self.entry.build(spec.task_options), task=spec.task,
+                            num_envs=spec.num_envs, job_seed=spec.seed, max_attempts=spec.max_attempts,
+                            assignments=assign_recv.clone(), send=step_send.clone(), stop=self._stop,
+                            delay_s=delays.get("step", 0.0)))
+                tg.start_soon(lambda: encode_stage(step_recv, enc_send, cameras=info.cameras, fps=info.fps,
+                                                   settings=spec.video, delay_s=delays.get("encode", 0.0)))
+                tg.start_soon(lambda: write_stage(enc_recv, write_send, staging=store.staging,
+                                                  catalog=store.catalog, delay_s=delays.get("write", 0.0)))
+                await commit_stage(write_recv, staging=store.staging, catalog=store.catalog, planner=planner,
+                                   on_outcome=on_outcome, delay_s=delays.get("commit", 0.0))
+                tg.cancel_scope.cancel()  # only the signal watcher can still be running
+            return JobReport(store=self.store_dir, target=spec.episodes,
+                             committed_total=stats.total_committed, committed_this_run=stats.committed,
+                             discarded=dict(stats.discarded), abandoned=len(planner.abandoned),
+                             frames_this_run=stats.frames, elapsed_s=time.monotonic() - stats.started_at,
+                             recovery=store.recovery, interrupted=self._stop.is_set())
+        finally:
+            self._planner = None
+            await anyio.to_thread.run_sync(store.close)
+
+    async def _watch_signals(self, tg: TaskGroup) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                if self._stop.is_set():
+                    raise KeyboardInterrupt  # a second signal: stop now; committed data is already safe
+                self._stop.set()
+                if self._planner is not None:
+                    self._planner.stop()
+
+
+def run_job(spec: JobSpec, store_dir: Path | str, on_progress: Callable[[JobStats], None] | None = None,
+            handle_signals: bool = False) -> JobReport:
+    runner = JobRunner(spec, store_dir, on_progress)
+    return anyio.run(lambda: runner.run(handle_signals=handle_signals))

@@ -1,0 +1,51 @@
+"""Commit stage: the only place an attempt becomes data or is thrown away.
+
+Commit order is what makes a crash harmless: fsync the attempt's files (and directories) first, then flip
+its catalog row in one transaction. A crash before the flip leaves a staging row that start-up recovery
+discards; after it, the episode is committed and complete. A discard flips the row first, then deletes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from demoforge.pipeline.records import EpisodeAbandoned, Record, StagedAttempt
+from demoforge.stages.plan import EpisodePlanner
+from demoforge.storage.catalog import Catalog
+from demoforge.storage.staging import StagingStore
+
+
+async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt], *, staging: StagingStore,
+                       catalog: Catalog, planner: EpisodePlanner,
+                       on_outcome: Callable[[StagedAttempt], None] | None = None, delay_s: float = 0.0) -> None:
+    async with receive:
+        async for item in receive:
+            if isinstance(item, EpisodeAbandoned):
+                planner.finished(item.episode_index, committed=False)
+                continue
+            if not isinstance(item, StagedAttempt):
+                continue
+            ended = item.ended
+            result = ended.result
+            episode_id = ended.key.episode_id
+            if result.committable:
+                await anyio.to_thread.run_sync(staging.make_durable, episode_id)
+                if delay_s:
+                    await anyio.sleep(delay_s)
+                await anyio.to_thread.run_sync(lambda: catalog.commit(
+                    episode_id, frames=ended.frames, video_bytes=item.video_bytes,
+                    content_hash=item.content_hash or "", record=result.to_record()))
+                planner.finished(ended.key.episode_index, committed=True)
+            else:
+                def discard() -> None:
+                    catalog.discard(episode_id, reason=result.failure_reason or result.terminal_reason.value,
+                                    terminal_reason=result.terminal_reason.value,
+                                    counted=result.counts_as_attempt, record=result.to_record())
+                    staging.delete_episode(episode_id)
+
+                await anyio.to_thread.run_sync(discard)
+            if on_outcome is not None:
+                on_outcome(item)

@@ -1,0 +1,148 @@
+"""Encode stage: each camera of each attempt is encoded as its frames arrive, into fragmented MP4 bytes.
+
+The bytes flow on to the write stage; nothing is re-encoded later (export remuxes them). Every attempt has
+its own encoders, keyed by attempt, so a discarded attempt's video is dropped with it and can never leak
+into another episode. Encoding runs in worker threads (PyAV releases the GIL), one per camera.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import anyio
+import av
+import numpy as np
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from demoforge.pipeline.job import VideoSettings
+from demoforge.pipeline.records import AttemptEnded, AttemptKey, EncodedFrame, Frame, Record, VideoTail
+from demoforge.pipeline.tasks.registry import CameraSpec
+
+# Fragmented MP4 is written front to back, so it streams into an append-only store without seeking.
+FMP4_FLAGS = "frag_keyframe+empty_moov+default_base_moof"
+
+
+class EncoderError(RuntimeError):
+    """The video encoder failed; a durability error: the job stops and reports it."""
+
+
+class _Sink:
+    """A write-only file object collecting what the muxer emits since the last drain."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def seekable(self) -> bool:
+        return False
+
+    def drain(self) -> bytes:
+        out = b"".join(self._parts)
+        self._parts.clear()
+        return out
+
+
+class CameraEncoder:
+    """Encodes one camera of one attempt; :meth:`encode` returns whatever bytes the muxer produced."""
+
+    def __init__(self, camera: CameraSpec, fps: int, settings: VideoSettings) -> None:
+        self.camera = camera
+        self.frames = 0
+        self._sink = _Sink()
+        try:
+            self._container = av.open(self._sink, mode="w", format="mp4", options={"movflags": FMP4_FLAGS})
+            self._stream = self._container.add_stream(settings.codec, rate=fps, options=settings.codec_options())
+            self._stream.width = camera.width
+            self._stream.height = camera.height
+            self._stream.pix_fmt = settings.pix_fmt
+        except Exception as exc:
+            raise EncoderError(f"camera {camera.name!r}: cannot open {settings.codec} encoder: {exc}") from exc
+
+    def encode(self, image: np.ndarray) -> bytes:
+        expected = (self.camera.height, self.camera.width, 3)
+        if image.shape != expected:
+            raise EncoderError(f"camera {self.camera.name!r}: frame of shape {image.shape}, the job declares "
+                               f"{expected}")
+        try:
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts = self.frames
+            for packet in self._stream.encode(frame):
+                self._container.mux(packet)
+        except Exception as exc:
+            raise EncoderError(f"camera {self.camera.name!r} frame {self.frames}: {exc}") from exc
+        self.frames += 1
+        return self._sink.drain()
+
+    def finish(self) -> bytes:
+        try:
+            for packet in self._stream.encode(None):
+                self._container.mux(packet)
+            self._container.close()
+        except Exception as exc:
+            raise EncoderError(f"camera {self.camera.name!r}: flushing the encoder failed: {exc}") from exc
+        return self._sink.drain()
+
+    def abort(self) -> None:
+        try:
+            self._container.close()
+        except Exception:  # an aborted attempt's video is thrown away; a failing close changes nothing
+            pass
+
+
+async def _map_cameras(fn, items: Mapping[str, object]) -> dict[str, bytes]:
+    """Run ``fn(camera, item)`` for every camera concurrently in threads."""
+    out: dict[str, bytes] = {}
+    if len(items) == 1:
+        (name, item), = items.items()
+        out[name] = await anyio.to_thread.run_sync(fn, name, item)
+        return out
+
+    async def one(name: str, item: object) -> None:
+        out[name] = await anyio.to_thread.run_sync(fn, name, item)
+
+    async with anyio.create_task_group() as tg:
+        for name, item in items.items():
+            tg.start_soon(one, name, item)
+    return out
+
+
+async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[Record], *,
+                       cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings,
+                       delay_s: float = 0.0) -> None:
+    """Replace each frame's images by encoded bytes; flush or drop the encoders when an attempt ends."""
+    specs = {c.name: c for c in cameras}
+    encoders: dict[AttemptKey, dict[str, CameraEncoder]] = {}
+    try:
+        async with receive, send:
+            async for record in receive:
+                if isinstance(record, Frame):
+                    if set(record.images) != set(specs):
+                        raise EncoderError(f"frame {record.step} of {record.key.episode_id} has cameras "
+                                           f"{sorted(record.images)}; the job declares {sorted(specs)}")
+                    if record.key not in encoders:
+                        encoders[record.key] = await anyio.to_thread.run_sync(
+                            lambda: {n: CameraEncoder(s, fps, settings) for n, s in specs.items()})
+                    mine = encoders[record.key]
+                    video = await _map_cameras(lambda n, img: mine[n].encode(img), record.images)
+                    if delay_s:
+                        await anyio.sleep(delay_s)
+                    await send.send(EncodedFrame(record.key, record.step, record.state, record.action,
+                                                 record.reward, record.annotations, video))
+                elif isinstance(record, AttemptEnded):
+                    mine = encoders.pop(record.key, {})
+                    if record.result.committable:
+                        tail = await _map_cameras(lambda n, enc: enc.finish(), mine)
+                        await send.send(VideoTail(record.key, tail))
+                    else:
+                        for enc in mine.values():
+                            enc.abort()
+                    await send.send(record)
+                else:
+                    await send.send(record)
+    finally:
+        for mine in encoders.values():
+            for enc in mine.values():
+                enc.abort()

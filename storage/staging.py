@@ -1,0 +1,292 @@
+"""Zarr staging: each attempt's numeric data and encoded camera streams, written in whole chunks.
+
+Layout under ``STORE/staging.zarr``::
+
+    episodes/<episode_id>/state/<feature>   (N, *shape) float32   chunks of ``chunk_frames`` frames
+    episodes/<episode_id>/action            (N, A) float32
+    episodes/<episode_id>/reward            (N,) float32
+    episodes/<episode_id>/annotations       (N, 8) int32          columns = contract.ANNOTATION_KEYS
+    episodes/<episode_id>/video/<camera>    (B,) uint8            fragmented MP4 bytes, 1 MiB chunks
+
+Arrays are created with a fixed, very large shape and written chunk by chunk, so no write ever rewrites
+``zarr.json`` (zarr's ``append`` writes the new shape before the data: after a crash the shape can run ahead
+of the data). The durable lengths (frames, video bytes) live in the catalog row written at commit; readers
+slice with them and never trust an array's shape. Every chunk carries a crc32c checksum (last codec), so
+a flipped or truncated chunk fails loudly on read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
+
+from demoforge.pipeline.contract import ANNOTATION_KEYS
+
+MAX_FRAMES = 1 << 31  # the nominal shape; only written chunks exist on disk
+MAX_VIDEO_BYTES = 1 << 46
+VIDEO_CHUNK_BYTES = 1 << 20
+STAGING_DIR = "staging.zarr"
+
+
+class StagingCorruptError(Exception):
+    """A staged chunk failed its checksum, is missing, or disagrees with the catalog's counts."""
+
+
+@dataclass(frozen=True)
+class EpisodeLayout:
+    """The features of one job's episodes: what arrays each staged episode has."""
+
+    state_shapes: Mapping[str, tuple[int, ...]]
+    action_shape: tuple[int, ...]
+    cameras: tuple[str, ...]
+    chunk_frames: int = 64
+
+
+def _numeric_codecs() -> dict:
+    return {"compressors": [ZstdCodec(level=3), Crc32cCodec()], "serializer": BytesCodec()}
+
+
+class _ChunkBuffer:
+    """Accumulates rows and writes them to a Zarr array one whole chunk at a time."""
+
+    def __init__(self, array: zarr.Array, chunk_rows: int, row_shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.array = array
+        self.chunk = chunk_rows
+        self.buf = np.zeros((chunk_rows, *row_shape), dtype=dtype)
+        self.fill = 0
+        self.written = 0  # rows already on disk
+        self.hash = hashlib.blake2b(digest_size=16)
+
+    def add(self, row: np.ndarray) -> bool:
+        """Buffer one row; True when the chunk is full and should be flushed."""
+        self.buf[self.fill] = row
+        self.fill += 1
+        return self.fill == self.chunk
+
+    def flush(self) -> None:
+        if self.fill:
+            self.array[self.written:self.written + self.fill] = self.buf[:self.fill]
+            self.hash.update(self.buf[:self.fill].tobytes())
+            self.written += self.fill
+            self.fill = 0
+
+
+class _ByteStream:
+    """An append-only byte stream stored as a 1-D uint8 array in whole chunks."""
+
+    def __init__(self, array: zarr.Array) -> None:
+        self.array = array
+        self.pending = bytearray()
+        self.written = 0
+        self.hash = hashlib.blake2b(digest_size=16)
+
+    def add(self, data: bytes) -> bool:
+        self.pending += data
+        return len(self.pending) >= VIDEO_CHUNK_BYTES
+
+    def flush(self, final: bool) -> None:
+        whole = len(self.pending) if final else len(self.pending) // VIDEO_CHUNK_BYTES * VIDEO_CHUNK_BYTES
+        if whole:
+            data = np.frombuffer(bytes(self.pending[:whole]), dtype=np.uint8)
+            self.array[self.written:self.written + whole] = data
+            self.hash.update(data.tobytes())
+            self.written += whole
+            del self.pending[:whole]
+
+
+class EpisodeWriter:
+    """Stages one attempt. Not thread-safe: one stage owns it; chunk writes may run in a worker thread."""
+
+    def __init__(self, root: zarr.Group, path: Path, episode_id: str, layout: EpisodeLayout) -> None:
+        self.path = path
+        self.episode_id = episode_id
+        self.layout = layout
+        group = root.require_group(f"episodes/{episode_id}")
+        c = layout.chunk_frames
+        self._numeric: dict[str, _ChunkBuffer] = {}
+
+        def numeric(name: str, shape: tuple[int, ...], dtype: str) -> None:
+            arr = group.create_array(name, shape=(MAX_FRAMES, *shape), chunks=(c, *shape), dtype=dtype,
+                                     fill_value=0, **_numeric_codecs())
+            self._numeric[name] = _ChunkBuffer(arr, c, shape, np.dtype(dtype))
+
+        for feature, shape in layout.state_shapes.items():
+            numeric(f"state/{feature}", tuple(shape), "float32")
+        numeric("action", tuple(layout.action_shape), "float32")
+        numeric("reward", (), "float32")
+        numeric("annotations", (len(ANNOTATION_KEYS),), "int32")
+        self._video: dict[str, _ByteStream] = {}
+        for camera in layout.cameras:
+            arr = group.create_array(f"video/{camera}", shape=(MAX_VIDEO_BYTES,), chunks=(VIDEO_CHUNK_BYTES,),
+                                     dtype="uint8", fill_value=0, compressors=[Crc32cCodec()],
+                                     serializer=BytesCodec())
+            self._video[camera] = _ByteStream(arr)
+        self.frames = 0
+
+    def add_frame(self, state: Mapping[str, np.ndarray], action: np.ndarray, reward: float,
+                  annotations: tuple[int, ...]) -> bool:
+        """Buffer one frame's numbers; True when whole chunks are ready for :meth:`flush_full`."""
+        if set(state) != set(self.layout.state_shapes):
+            raise ValueError(f"frame state keys {sorted(state)} differ from the job's "
+                             f"{sorted(self.layout.state_shapes)}")
+        full = False
+        for feature, value in state.items():
+            full |= self._numeric[f"state/{feature}"].add(value)
+        full |= self._numeric["action"].add(action)
+        full |= self._numeric["reward"].add(np.float32(reward))
+        full |= self._numeric["annotations"].add(np.asarray(annotations, dtype=np.int32))
+        self.frames += 1
+        return full
+
+    def add_video(self, camera: str, data: bytes) -> bool:
+        """Buffer encoded bytes of one camera; True when a whole chunk is ready."""
+        return self._video[camera].add(data) if data else False
+
+    def flush_full(self) -> None:
+        """Write every whole chunk (blocking I/O: call it from a worker thread)."""
+        for buf in self._numeric.values():
+            if buf.fill == buf.chunk:
+                buf.flush()
+        for stream in self._video.values():
+            stream.flush(final=False)
+
+    def flush_all(self) -> dict[str, int]:
+        """Write the partial tail chunks; returns the byte length of each camera stream."""
+        for buf in self._numeric.values():
+            buf.flush()
+        for stream in self._video.values():
+            stream.flush(final=True)
+        return {camera: stream.written for camera, stream in self._video.items()}
+
+    def content_hash(self) -> str:
+        """A digest of everything written, per array; :meth:`StagedEpisode.content_hash` recomputes it."""
+        digests = {name: buf.hash.hexdigest() for name, buf in self._numeric.items()}
+        digests |= {f"video/{camera}": stream.hash.hexdigest() for camera, stream in self._video.items()}
+        return combine_digests(digests)
+
+    def buffered_bytes(self) -> int:
+        return sum(b.buf.nbytes for b in self._numeric.values()) + sum(len(s.pending) for s in self._video.values())
+
+
+@dataclass(frozen=True)
+class StagedEpisode:
+    """A committed episode read back: arrays sliced to the catalog's durable counts."""
+
+    state: dict[str, np.ndarray]
+    action: np.ndarray
+    reward: np.ndarray
+    annotations: np.ndarray
+    video: dict[str, bytes]
+
+    def content_hash(self) -> str:
+        arrays = {f"state/{k}": v for k, v in self.state.items()}
+        arrays |= {"action": self.action, "reward": self.reward, "annotations": self.annotations}
+        digests = {name: hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).hexdigest()
+                   for name, a in arrays.items()}
+        digests |= {f"video/{c}": hashlib.blake2b(data, digest_size=16).hexdigest() for c, data in self.video.items()}
+        return combine_digests(digests)
+
+
+def combine_digests(digests: Mapping[str, str]) -> str:
+    joined = "\n".join(f"{name}={digest}" for name, digest in sorted(digests.items()))
+    return hashlib.blake2b(joined.encode(), digest_size=16).hexdigest()
+
+
+class StagingStore:
+    """The Zarr staging area of one job store."""
+
+    def __init__(self, store_dir: Path, layout: EpisodeLayout) -> None:
+        self.path = Path(store_dir) / STAGING_DIR
+        self.layout = layout
+        self.root = zarr.open_group(str(self.path), mode="a")
+        self.root.require_group("episodes")
+
+    def episode_path(self, episode_id: str) -> Path:
+        return self.path / "episodes" / episode_id
+
+    def open_episode(self, episode_id: str) -> EpisodeWriter:
+        if self.episode_path(episode_id).exists():
+            raise FileExistsError(f"staged data for {episode_id} already exists at {self.episode_path(episode_id)}")
+        return EpisodeWriter(self.root, self.episode_path(episode_id), episode_id, self.layout)
+
+    def delete_episode(self, episode_id: str) -> bool:
+        path = self.episode_path(episode_id)
+        if not path.exists():
+            return False
+        shutil.rmtree(path)
+        fsync_dir(path.parent)
+        return True
+
+    def episode_ids(self) -> list[str]:
+        base = self.path / "episodes"
+        return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.exists() else []
+
+    def make_durable(self, episode_id: str) -> None:
+        """fsync every file and directory of the episode, then its parents (zarr itself never fsyncs)."""
+        path = self.episode_path(episode_id)
+        for dirpath, _dirnames, filenames in os.walk(path):
+            for name in filenames:
+                fsync_file(Path(dirpath) / name)
+            fsync_dir(Path(dirpath))
+        fsync_dir(path.parent)
+        fsync_dir(self.path)
+
+    def read_episode(self, episode_id: str, frames: int, video_bytes: Mapping[str, int]) -> StagedEpisode:
+        """Read a committed episode back, verifying every chunk's checksum."""
+        try:
+            group = zarr.open_group(str(self.episode_path(episode_id)), mode="r")
+            state = {f: np.asarray(group[f"state/{f}"][:frames]) for f in self.layout.state_shapes}
+            action = np.asarray(group["action"][:frames])
+            reward = np.asarray(group["reward"][:frames])
+            annotations = np.asarray(group["annotations"][:frames])
+            video = {c: np.asarray(group[f"video/{c}"][:video_bytes[c]]).tobytes() for c in self.layout.cameras}
+        except (ValueError, KeyError, FileNotFoundError, OSError) as exc:
+            raise StagingCorruptError(f"episode {episode_id}: {type(exc).__name__}: {exc}") from exc
+        self._check_chunks_exist(episode_id, frames, video_bytes)
+        return StagedEpisode(state, action, reward, annotations, video)
+
+    def _check_chunks_exist(self, episode_id: str, frames: int, video_bytes: Mapping[str, int]) -> None:
+        """A missing chunk reads back as the fill value; make that an error for committed data."""
+        base = self.episode_path(episode_id)
+        c = self.layout.chunk_frames
+        expected: list[Path] = []
+        n_chunks = -(-frames // c)
+        row_dims = {**{f"state/{f}": len(s) for f, s in self.layout.state_shapes.items()},
+                    "action": len(self.layout.action_shape), "reward": 0, "annotations": 1}
+        for name, dims in row_dims.items():
+            expected += [base / name / "c" / str(i) / ("/".join(["0"] * dims)) if dims else base / name / "c" / str(i)
+                         for i in range(n_chunks)]
+        for camera, size in video_bytes.items():
+            expected += [base / "video" / camera / "c" / str(i) for i in range(-(-size // VIDEO_CHUNK_BYTES))]
+        missing = [str(p.relative_to(base)) for p in expected if not p.exists()]
+        if missing:
+            raise StagingCorruptError(f"episode {episode_id}: missing chunks {missing[:5]}")
+
+    def iter_partial_files(self) -> Iterator[Path]:
+        """Temp files a killed zarr write leaves behind (``*.partial``)."""
+        if self.path.exists():
+            yield from self.path.rglob("*.partial")
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
