@@ -176,6 +176,34 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -------------------------------------------------------------------------------------------- verify
+def cmd_verify(args: argparse.Namespace) -> int:
+    from demoforge.storage.staging import StagingStore
+    from demoforge.storage.store import StoreError, layout_from_fingerprint, open_catalog_readonly
+    from demoforge.storage.verify import verify_store
+
+    catalog = open_catalog_readonly(args.store)
+    try:
+        fingerprint = catalog.fingerprint()
+        if fingerprint is None:
+            raise StoreError(f"{args.store} has no job fingerprint; nothing was ever generated there")
+        staging = StagingStore(args.store, layout_from_fingerprint(fingerprint))
+        report = verify_store(catalog, staging, quarantine=not args.no_quarantine)
+    finally:
+        catalog.close()
+    if args.json:
+        print(json.dumps({"checked": report.checked, "ok": report.ok, "quarantined": report.quarantined,
+                          "problems": [{"episode_id": p.episode_id, "problem": p.problem} for p in report.problems]},
+                         indent=2))
+    else:
+        console = _console()
+        for p in report.problems:
+            console.print(f"[red]BAD[/red] {p.episode_id}: {p.problem}")
+        verdict = "all good" if report.ok else f"{len(report.problems)} bad, {len(report.quarantined)} quarantined"
+        console.print(f"verified {report.checked} committed episode(s) in {args.store}: {verdict}")
+    return EXIT_OK if report.ok else EXIT_FAIL
+
+
 # ---------------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     from demoforge.pipeline.tasks.registry import DEFAULT_TASK
@@ -215,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", type=Path, required=True)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_status)
+
+    p = sub.add_parser("verify", help="re-read every committed episode: checksums, counts, hashes, video frames")
+    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-quarantine", action="store_true", help="report only; do not quarantine bad episodes")
+    p.set_defaults(fn=cmd_verify)
     return parser
 
 

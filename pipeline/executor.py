@@ -55,9 +55,22 @@ class EpisodeAssignment:
     first_attempt: int = 0
 
 
+class _Pending:
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+#: Returned by a work source asked not to wait when no episode is available yet (but more may come).
+PENDING = _Pending()
+
+
 class WorkSource(Protocol):
-    def next_episode(self) -> EpisodeAssignment | None:
-        """The next episode to run, or None when there is no more work for this executor."""
+    def next_episode(self, wait: bool = True) -> EpisodeAssignment | None | _Pending:
+        """The next episode to run; None when there will be no more work for this executor.
+
+        With ``wait=False`` it returns :data:`PENDING` instead of blocking: the executor never blocks one
+        vector row's refill while another row still has an episode to finish.
+        """
         ...
 
 
@@ -68,7 +81,7 @@ class EpisodeRange:
         self._next = start
         self._end = start + count
 
-    def next_episode(self) -> EpisodeAssignment | None:
+    def next_episode(self, wait: bool = True) -> EpisodeAssignment | None:
         if self._next >= self._end:
             return None
         self._next += 1
@@ -453,10 +466,14 @@ class Executor:
                     assignments[row] = None
                 if exhausted:
                     return
-                assignment = work.next_episode()
+                others_active = any(a is not None for i, a in enumerate(attempts) if i != row)
+                assignment = work.next_episode(wait=not others_active)
+                if assignment is PENDING:
+                    return
                 if assignment is None:
                     exhausted = True
                     return
+                assert isinstance(assignment, EpisodeAssignment)
                 if assignment.first_attempt >= self.max_attempts:
                     yield EpisodeAbandoned(assignment.episode_index, assignment.first_attempt,
                                            "attempts already exhausted")
@@ -466,10 +483,14 @@ class Executor:
                 attempts[row], started = self._start(row, assignment, assignment.first_attempt)
                 yield from started
 
-        for row in range(n):
-            yield from settle(row)
-
-        while any(a is not None for a in attempts):
+        while True:
+            for row in range(n):
+                if attempts[row] is None and not exhausted:
+                    yield from settle(row)  # refill idle rows (blocking only when no row is active)
+            if all(a is None for a in attempts):
+                if exhausted:
+                    return
+                continue
             if self.interrupt():
                 for row, att in enumerate(attempts):
                     if att is not None:

@@ -94,15 +94,18 @@ class JobRunner:
         self._stop = threading.Event()
         self._planner: EpisodePlanner | None = None
         self._token: Any = None
+        self._loop_thread: int | None = None
         self.stats = JobStats(target=spec.episodes)
 
     def stop(self) -> None:
         self._stop.set()
-        if self._planner is not None and self._token is not None:
-            try:
-                anyio.from_thread.run_sync(self._planner.stop, token=self._token)
-            except RuntimeError:  # called from the event loop thread itself
-                self._planner.stop()
+        planner = self._planner
+        if planner is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            planner.stop()
+        elif self._token is not None:
+            anyio.from_thread.run_sync(planner.stop, token=self._token)
 
     async def run(self, handle_signals: bool = False) -> JobReport:
         spec, info = self.spec, self.info
@@ -112,6 +115,7 @@ class JobRunner:
             resume = store.catalog.resume_state()
             planner = self._planner = EpisodePlanner(spec.episodes, resume, spec.max_attempts)
             self._token = anyio.lowlevel.current_token()
+            self._loop_thread = threading.get_ident()
             stats = self.stats
             stats.committed_before = len(resume.committed)
             q = spec.queue_frames

@@ -25,6 +25,7 @@ class EpisodePlanner:
         self.max_attempts = max_attempts
         self.in_flight: set[int] = set()
         self.abandoned: set[int] = set()
+        self.quarantined = set(resume.quarantined)  # lost to corruption: replaced by new indices
         self._changed = anyio.Event()
         self._stopped = False
         self._next = 0
@@ -47,7 +48,8 @@ class EpisodePlanner:
         self._changed = anyio.Event()
 
     def _next_index(self) -> int:
-        while self._next in self.committed or self.spent.get(self._next, 0) >= self.max_attempts:
+        while (self._next in self.committed or self._next in self.quarantined
+               or self.spent.get(self._next, 0) >= self.max_attempts):
             self._next += 1
         return self._next
 
@@ -61,4 +63,8 @@ class EpisodePlanner:
                 index = self._next_index()
                 self.in_flight.add(index)
                 self._next += 1
-                await send.send(EpisodeAssignment(index, self.spent.get(index, 0)))
+                try:
+                    await send.send(EpisodeAssignment(index, self.spent.get(index, 0)))
+                except anyio.BrokenResourceError:  # every env worker has stopped: nobody to plan for
+                    self.in_flight.discard(index)
+                    return

@@ -15,7 +15,7 @@ import anyio.from_thread
 import gymnasium as gym
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from demoforge.pipeline.executor import EpisodeAssignment, Executor
+from demoforge.pipeline.executor import PENDING, EpisodeAssignment, Executor, _Pending
 from demoforge.pipeline.records import Record
 
 
@@ -32,11 +32,15 @@ class _StreamWork:
         self.receive = receive
         self.stop = stop
 
-    def next_episode(self) -> EpisodeAssignment | None:
+    def next_episode(self, wait: bool = True) -> EpisodeAssignment | None | _Pending:
         if self.stop.is_set():
             return None
         try:
-            return anyio.from_thread.run(self.receive.receive)
+            if wait:
+                return anyio.from_thread.run(self.receive.receive)
+            return anyio.from_thread.run_sync(self.receive.receive_nowait)
+        except anyio.WouldBlock:
+            return PENDING
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             return None
 

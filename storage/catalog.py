@@ -63,7 +63,6 @@ CREATE TABLE IF NOT EXISTS recovery (
 );
 """
 
-COMMITTED_STATES = ("committed", "quarantined", "exported")
 
 
 class CatalogError(RuntimeError):
@@ -97,6 +96,7 @@ class ResumeState:
 
     committed: frozenset[int]
     spent_attempts: Mapping[int, int]
+    quarantined: frozenset[int] = frozenset()
 
 
 class Catalog:
@@ -229,10 +229,11 @@ class Catalog:
 
     def resume_state(self) -> ResumeState:
         committed = {r[0] for r in self._query(
-            f"SELECT episode_index FROM attempts WHERE state IN {COMMITTED_STATES}")}
+            "SELECT episode_index FROM attempts WHERE state IN ('committed', 'exported')")}
+        quarantined = {r[0] for r in self._query("SELECT episode_index FROM attempts WHERE state = 'quarantined'")}
         spent = dict(self._query("SELECT episode_index, COUNT(*) FROM attempts WHERE state = 'discarded' "
                                  "AND counted = 1 GROUP BY episode_index"))
-        return ResumeState(frozenset(committed), spent)
+        return ResumeState(frozenset(committed), spent, frozenset(quarantined))
 
     def referenced_episode_ids(self) -> set[str]:
         return {r[0] for r in self._query("SELECT episode_id FROM attempts WHERE state IN "
@@ -242,7 +243,7 @@ class Catalog:
         by_state = Counter(dict(self._query("SELECT state, COUNT(*) FROM attempts GROUP BY state")))
         reasons = Counter({k or "?": v for k, v in self._query(
             "SELECT terminal_reason, COUNT(*) FROM attempts WHERE state = 'discarded' GROUP BY terminal_reason")})
-        frames = self._query(f"SELECT COALESCE(SUM(frames), 0) FROM attempts WHERE state IN {COMMITTED_STATES}")
+        frames = self._query("SELECT COALESCE(SUM(frames), 0) FROM attempts WHERE state IN ('committed', 'exported')")
         recovery = [{"at": at, "action": a, "detail": d}
                     for at, a, d in self._query("SELECT at, action, detail FROM recovery ORDER BY id")]
         return {"attempts_by_state": dict(by_state), "discarded_by_reason": dict(reasons),

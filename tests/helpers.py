@@ -1,0 +1,60 @@
+"""Shared test helpers: run the real CLI in a subprocess, read stores back, compare video."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import av
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH", "")]))
+    env["DEMOFORGE_TASK_MODULES"] = "toy_tasks"
+    env.setdefault("MUJOCO_GL", "egl")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def demoforge_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "demoforge.pipeline.cli", *args]
+
+
+def run_cli(*args: str, timeout: float = 300, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(demoforge_argv(*args), env=cli_env(**extra_env), capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def decode_frames(data: bytes) -> list[np.ndarray]:
+    with av.open(io.BytesIO(data)) as container:
+        return [f.to_ndarray(format="rgb24") for f in container.decode(container.streams.video[0])]
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+def committed_files(store: Path) -> dict[str, dict[str, bytes]]:
+    """Every file of every committed episode's staged folder, by episode id (for byte-identity checks)."""
+    from demoforge.storage.catalog import Catalog
+
+    catalog = Catalog(store)
+    try:
+        ids = [r.episode_id for r in catalog.committed()]
+    finally:
+        catalog.close()
+    out: dict[str, dict[str, bytes]] = {}
+    for episode_id in ids:
+        base = store / "staging.zarr" / "episodes" / episode_id
+        out[episode_id] = {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+    return out
