@@ -32,10 +32,11 @@ CYCLES_RANGE = (1, 20)
 IMAGE_SIZE_RANGE = (32, 1024)
 PHASES = ("reach", "descend", "grasp", "carry", "release")
 
-# A free camera across the table from the robot, near enough that the 5 cm cube is clearly visible at
-# 224x224 and high enough to keep goals up to 45 cm above the table in view.
-CAMERA_CONFIG: Mapping[str, Any] = {"distance": 1.0, "azimuth": 150.0, "elevation": -35.0,
-                                    "lookat": (1.3, 0.75, 0.55)}
+# A free camera facing the robot across the table, near enough that the 5 cm cube is clearly visible at
+# 224x224 anywhere it can start, looking down steeply enough that the raised gripper hides little of the
+# table, and framing goals up to 45 cm above the table.
+CAMERA_CONFIG: Mapping[str, Any] = {"distance": 0.95, "azimuth": 180.0, "elevation": -40.0,
+                                    "lookat": (1.32, 0.75, 0.6)}
 
 GAIN = 10.0  # action = clip(GAIN * error): saturates beyond 10 cm, mocap moves 5 cm per unit action
 OPEN, CLOSE = 1.0, -1.0  # gripper action: finger position targets are qpos + action (clipped by the joint)
@@ -104,8 +105,30 @@ class FetchPickPlace(gym.Wrapper):
         self._capture()
         return result
 
+    def close(self) -> None:
+        """Free the renderer's GL objects while its own context is current.
+
+        Left to the garbage collector, MuJoCo frees them in whatever context is current then, which
+        deletes another live env's framebuffer (its later frames come out black).
+        """
+        viewer = self._viewer()
+        if viewer is not None:
+            viewer.make_context_current()
+            viewer.con.free()
+        super().close()
+
+    def _viewer(self) -> Any:
+        return getattr(getattr(self._fetch, "mujoco_renderer", None), "viewer", None)
+
     def _capture(self) -> None:
-        """Render now, so the frame and the goal it shows belong to the latest observation."""
+        """Render now, so the frame and the goal it shows belong to the latest observation.
+
+        The renderer only makes its GL context current when created; with several envs in one process
+        (vector rows, tests) another env's context may be current, so make ours current first.
+        """
+        viewer = self._viewer()
+        if viewer is not None:
+            viewer.make_context_current()
         self._frame = np.array(self.env.render(), dtype=np.uint8, copy=True)
         self._frame_goal = self._goal()
 
@@ -161,6 +184,10 @@ class FetchPickPlace(gym.Wrapper):
             yield from self._plan_cycle(cycle)
 
     def demo_record(self, observation: Mapping[str, Any]) -> RecordedObservation:
+        """The robot state of ``observation`` with the frame and goal captured with it. The goal comes from
+        the capture, not ``desired_goal``: a cycle's new goal is set after the observation that starts the
+        cycle was returned, and the frame recorded with the cycle's first action shows it (and so must
+        the state)."""
         if self._frame is None or self._frame_goal is None:
             raise RuntimeError("demo_record before reset")
         state = {"observation.state": np.asarray(observation["observation"], dtype=np.float32),
