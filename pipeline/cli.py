@@ -145,6 +145,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
               f"discarded attempts: {discarded}; abandoned episodes: {report.abandoned}")
     if not report.complete:
         out.print(f"re-run the same command to resume: {report.target - report.committed_total} episode(s) to go")
+    elif args.export is not None:
+        _export(args.store, args.export, args.repo_id)
     return EXIT_OK if report.complete or report.interrupted else EXIT_FAIL
 
 
@@ -174,6 +176,32 @@ def cmd_status(args: argparse.Namespace) -> int:
     cleaned = Counter(r["action"] for r in summary["recovery"])
     console.print("recovery cleaned: " + (", ".join(f"{k}={v}" for k, v in sorted(cleaned.items())) or "nothing"))
     return EXIT_OK
+
+
+# -------------------------------------------------------------------------------------------- export
+def _export(store: Path, out: Path, repo_id: str | None) -> int:
+    from demoforge.storage.lerobot_export import export_store
+
+    console = _console(stderr=True)
+    report = export_store(store, out, repo_id=repo_id,
+                          progress=lambda done, total: console.print(f"exported {done}/{total}")
+                          if console.is_terminal or done == total or done % 50 == 0 else None)
+    out_console = _console()
+    if report.quarantined:
+        out_console.print(f"quarantined {len(report.quarantined)} corrupt episode(s), not exported: "
+                          f"{', '.join(report.quarantined)} (see `demoforge verify --store {store}`)")
+    if report.exported:
+        out_console.print(f"exported {report.exported} episode(s) to {out} (version {report.version}); the dataset "
+                          f"now holds {report.total_episodes} episodes, {report.total_frames} frames "
+                          f"({report.elapsed_s:.1f} s)")
+    else:
+        out_console.print(f"nothing new to export; {out} holds {report.total_episodes} episodes, "
+                          f"{report.total_frames} frames")
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    return _export(args.store, args.out, args.repo_id)
 
 
 # -------------------------------------------------------------------------------------------- verify
@@ -237,7 +265,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gop", type=int, default=2, help="keyframe interval")
     p.add_argument("--encoder-threads", type=int, default=None)
     p.add_argument("--queue-frames", type=int, default=32, help="capacity of each inter-stage queue")
+    p.add_argument("--export", type=Path, default=None, metavar="DATASET_DIR",
+                   help="when the target is reached, export to this LeRobot dataset")
+    p.add_argument("--repo-id", default=None, help="repo id recorded in the exported dataset")
     p.set_defaults(fn=cmd_generate)
+
+    p = sub.add_parser("export", help="write committed, not yet exported episodes into a LeRobot v3.0 dataset")
+    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, metavar="DATASET_DIR")
+    p.add_argument("--repo-id", default=None)
+    p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("status", help="counts by state and outcome of a store (safe while a job runs)")
     p.add_argument("--store", type=Path, required=True)
@@ -256,12 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from demoforge.pipeline.job import JobConfigError
     from demoforge.pipeline.tasks.registry import TaskOptionError, UnknownTaskError
     from demoforge.storage.catalog import JobMismatchError
+    from demoforge.storage.lerobot_export import ExportError
     from demoforge.storage.store import StoreError
 
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (JobConfigError, TaskOptionError, UnknownTaskError, JobMismatchError, StoreError) as exc:
+    except (JobConfigError, TaskOptionError, UnknownTaskError, JobMismatchError, StoreError, ExportError) as exc:
         _console(stderr=True).print(f"demoforge {args.command}: error: {exc}")
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -201,6 +201,16 @@ class Catalog:
                        "WHERE episode_id = ? AND state IN ('committed', 'exported')",
                        (reason, time.time(), episode_id))
 
+    def mark_exported(self, dataset_indices: Mapping[str, int]) -> None:
+        """Record, in one transaction, that these committed episodes are published at these indices."""
+        now = time.time()
+        with self._tx() as db:
+            for episode_id, index in dataset_indices.items():
+                cur = db.execute("UPDATE attempts SET state = 'exported', dataset_index = ?, updated_at = ? "
+                                 "WHERE episode_id = ? AND state = 'committed'", (index, now, episode_id))
+                if cur.rowcount != 1:
+                    raise CatalogError(f"cannot mark {episode_id} exported: it is not a committed episode")
+
     def log_recovery(self, action: str, detail: str) -> None:
         with self._tx() as db:
             db.execute("INSERT INTO recovery (at, action, detail) VALUES (?, ?, ?)", (time.time(), action, detail))
