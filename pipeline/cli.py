@@ -204,6 +204,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     return _export(args.store, args.out, args.repo_id)
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from demoforge.storage.validate import describe, validate_dataset
+
+    report = validate_dataset(args.dataset, expect_segments=args.expect_segments, video_backend=args.video_backend)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        _console().print(describe(report), markup=False)
+    return report.status
+
+
 # -------------------------------------------------------------------------------------------- verify
 def cmd_verify(args: argparse.Namespace) -> int:
     from demoforge.storage.staging import StagingStore
@@ -275,6 +286,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, metavar="DATASET_DIR")
     p.add_argument("--repo-id", default=None)
     p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("validate", help="check an exported dataset and load it with LeRobotDataset "
+                                        "(exit 0 valid, 1 mismatch, 2 cannot load)")
+    p.add_argument("dataset", type=Path, metavar="DATASET_DIR")
+    p.add_argument("--expect-segments", type=int, default=None)
+    p.add_argument("--video-backend", default="pyav", choices=["pyav", "torchcodec"])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_validate)
 
     p = sub.add_parser("status", help="counts by state and outcome of a store (safe while a job runs)")
     p.add_argument("--store", type=Path, required=True)

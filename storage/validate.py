@@ -1,0 +1,221 @@
+"""Structural checks of an exported dataset, then a load through the real ``LeRobotDataset``.
+
+Exit codes of ``demoforge validate``: 0 valid, 1 a mismatch was found, 2 the dataset cannot be loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+
+from demoforge.pipeline.contract import ANNOTATION_KEYS
+from demoforge.storage.lerobot_export import SIDECAR
+
+VALID, MISMATCH, UNLOADABLE = 0, 1, 2
+
+
+@dataclass
+class ValidationReport:
+    dataset: str
+    episodes: int = 0
+    frames: int = 0
+    checks: dict[str, int] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    load_error: str | None = None
+    decoded_frames: int = 0
+
+    @property
+    def status(self) -> int:
+        if self.load_error:
+            return UNLOADABLE
+        return MISMATCH if self.problems else VALID
+
+    def problem(self, text: str) -> None:
+        if len(self.problems) < 200:
+            self.problems.append(text)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "status": ["valid", "mismatch", "cannot load"][self.status],
+                "episodes": self.episodes, "frames": self.frames, "checks": dict(self.checks),
+                "decoded_frames": self.decoded_frames, "problems": self.problems, "load_error": self.load_error}
+
+
+def _read_table(root: Path, pattern: str):
+    import pyarrow.parquet as pq
+
+    import pyarrow as pa
+
+    files = sorted(root.glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"no files match {pattern}")
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
+
+
+def validate_dataset(root: Path | str, *, expect_segments: int | None = None, video_backend: str = "pyav",
+                     sample_frames: int = 8, seed: int = 0) -> ValidationReport:
+    root = Path(root)
+    report = ValidationReport(dataset=str(root))
+    try:
+        info = json.loads((root / "meta" / "info.json").read_text())
+        data = _read_table(root, "data/*/*.parquet").to_pandas()
+        episodes = _read_table(root, "meta/episodes/*/*.parquet").to_pandas()
+    except Exception as exc:  # unreadable files are "cannot load"
+        report.load_error = f"{type(exc).__name__}: {exc}"
+        return report
+    fps = int(info["fps"])
+    report.episodes, report.frames = len(episodes), len(data)
+    _check_structure(report, info, data, episodes, fps, expect_segments)
+    _check_sidecar(report, root, data, episodes, fps)
+    _check_videos(report, root, info, episodes, fps)
+    _check_load(report, root, video_backend, sample_frames, seed)
+    return report
+
+
+def _check_structure(report: ValidationReport, info: dict, data, episodes, fps: int,
+                     expect_segments: int | None) -> None:
+    if info.get("total_episodes") != len(episodes) or info.get("total_frames") != len(data):
+        report.problem(f"info.json counts {info.get('total_episodes')} episodes / {info.get('total_frames')} "
+                       f"frames; the files hold {len(episodes)} / {len(data)}")
+    report.checks["totals"] += 1
+    if list(data["index"]) != list(range(len(data))):
+        report.problem("the global frame index is not 0..N-1 in order")
+    if sorted(episodes["episode_index"]) != list(range(len(episodes))):
+        report.problem("episode indices are not contiguous from 0")
+    report.checks["indices"] += 1
+    by_episode = data.groupby("episode_index", sort=True)
+    for row in episodes.itertuples(index=False):
+        ep = int(row.episode_index)
+        if ep not in by_episode.groups:
+            report.problem(f"episode {ep}: no frames in data")
+            continue
+        frames = by_episode.get_group(ep)
+        n = len(frames)
+        if n != row.length or int(frames["index"].iloc[0]) != row.dataset_from_index or \
+                int(frames["index"].iloc[-1]) + 1 != row.dataset_to_index:
+            report.problem(f"episode {ep}: metadata says {row.length} frames [{row.dataset_from_index}, "
+                           f"{row.dataset_to_index}), data has {n}")
+        if list(frames["frame_index"]) != list(range(n)):
+            report.problem(f"episode {ep}: frame_index is not 0..{n - 1}")
+        expected_ts = (np.arange(n) / fps).astype(np.float32)
+        if not np.allclose(frames["timestamp"].to_numpy(np.float32), expected_ts, atol=1e-4):
+            report.problem(f"episode {ep}: timestamps are not frame_index / fps")
+        missing = [f"annotation.{k}" for k in ANNOTATION_KEYS if f"annotation.{k}" not in frames]
+        if missing:
+            if ep == 0:
+                report.problem(f"no segment annotations: missing {', '.join(missing)} (not a demoforge export?)")
+        else:
+            _check_annotations(report, ep, frames, expect_segments)
+        report.checks["episodes"] += 1
+
+
+def _check_annotations(report: ValidationReport, ep: int, frames, expect_segments: int | None) -> None:
+    seg = frames["annotation.segment_id"].to_numpy()
+    start = frames["annotation.segment_start"].to_numpy()
+    end = frames["annotation.segment_end"].to_numpy()
+    if list(frames["annotation.episode_step"]) != list(range(len(frames))):
+        report.problem(f"episode {ep}: annotation.episode_step is not 0..{len(frames) - 1}")
+    if seg[0] != 0 or not set(np.diff(seg)) <= {0, 1}:
+        report.problem(f"episode {ep}: segment ids are not contiguous from 0")
+    for sid in np.unique(seg):
+        rows = np.flatnonzero(seg == sid)
+        if start[rows].sum() != 1 or start[rows[0]] != 1 or end[rows].sum() != 1 or end[rows[-1]] != 1:
+            report.problem(f"episode {ep}: segment {sid} lacks exactly one start flag on its first frame and "
+                           "one end flag on its last")
+    if expect_segments is not None and len(np.unique(seg)) != expect_segments:
+        report.problem(f"episode {ep}: {len(np.unique(seg))} segments, expected {expect_segments}")
+    for flag in ("annotation.terminated", "annotation.truncated"):
+        values = frames[flag].to_numpy()
+        if values[:-1].any():
+            report.problem(f"episode {ep}: {flag} set before the last frame")
+    if frames["annotation.terminated"].to_numpy()[-1] != 1:
+        report.problem(f"episode {ep}: the last frame is not marked terminated")
+    report.checks["annotations"] += 1
+
+
+def _check_sidecar(report: ValidationReport, root: Path, data, episodes, fps: int) -> None:
+    path = root / SIDECAR
+    if not path.exists():
+        report.problem(f"{SIDECAR} is missing")
+        return
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    by_index = {r["dataset_episode_index"]: r for r in records}
+    if sorted(by_index) != sorted(int(e) for e in episodes["episode_index"]) or len(records) != len(episodes):
+        report.problem(f"the sidecar lists {len(records)} episodes, the dataset holds {len(episodes)}")
+        return
+    lengths = dict(zip(episodes["episode_index"], episodes["length"]))
+    grouped = data.groupby("episode_index")
+    for index, record in by_index.items():
+        if record["length"] != lengths[index]:
+            report.problem(f"episode {index}: sidecar length {record['length']} != data {lengths[index]}")
+            continue
+        if "annotation.segment_id" in data:
+            seg = grouped.get_group(index)["annotation.segment_id"].to_numpy()
+            for s in record.get("segments", []):
+                span = np.flatnonzero(seg == s["segment_id"])
+                if len(span) == 0 or (span[0], span[-1] + 1) != (s["start_step"], s["end_step"]):
+                    report.problem(f"episode {index}: sidecar segment {s['name']!r} span "
+                                   f"[{s['start_step']}, {s['end_step']}) disagrees with the annotations")
+    report.checks["sidecar"] += 1
+
+
+def _check_videos(report: ValidationReport, root: Path, info: dict, episodes, fps: int) -> None:
+    from lerobot.datasets.utils import DEFAULT_VIDEO_PATH
+
+    for key, ft in info["features"].items():
+        if ft.get("dtype") != "video":
+            continue
+        files: dict[tuple[int, int], int] = Counter()
+        for row in episodes.to_dict("records"):
+            chunk, file = int(row[f"videos/{key}/chunk_index"]), int(row[f"videos/{key}/file_index"])
+            span = row[f"videos/{key}/to_timestamp"] - row[f"videos/{key}/from_timestamp"]
+            if abs(span * fps - row["length"]) > 1e-3:
+                report.problem(f"episode {row['episode_index']}: {key} spans {span:.4f} s for {row['length']} frames")
+            files[(chunk, file)] += int(row["length"])
+        for (chunk, file), expected in files.items():
+            path = root / DEFAULT_VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
+            try:
+                with av.open(str(path)) as container:
+                    count = sum(1 for p in container.demux(container.streams.video[0]) if p.size)
+            except (FileNotFoundError, av.FFmpegError) as exc:
+                report.problem(f"{path.relative_to(root)}: cannot read: {exc}")
+                continue
+            if count != expected:
+                report.problem(f"{path.relative_to(root)} holds {count} frames; its episodes need {expected}")
+            report.checks["video_files"] += 1
+
+
+def _check_load(report: ValidationReport, root: Path, backend: str, samples: int, seed: int) -> None:
+    try:
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+        dataset = LeRobotDataset(repo_id=f"local/{root.name}", root=root, video_backend=backend)
+        if len(dataset) != report.frames:
+            report.problem(f"LeRobotDataset sees {len(dataset)} frames, the files hold {report.frames}")
+        rng = random.Random(seed)
+        picks = sorted(rng.sample(range(len(dataset)), min(samples, len(dataset)))) if len(dataset) else []
+        for i in picks:
+            item = dataset[i]
+            for key in dataset.meta.video_keys:
+                if tuple(item[key].shape) != tuple(np.roll(dataset.meta.features[key]["shape"], 1)):
+                    report.problem(f"frame {i}: {key} decoded as {tuple(item[key].shape)}")
+                report.decoded_frames += 1
+    except Exception as exc:
+        report.load_error = f"{type(exc).__name__}: {exc}"
+
+
+def describe(report: ValidationReport) -> str:
+    lines = [f"{report.dataset}: {report.episodes} episodes, {report.frames} frames; "
+             f"checks run: {', '.join(f'{k}={v}' for k, v in sorted(report.checks.items()))}; "
+             f"decoded {report.decoded_frames} sampled camera frames"]
+    if report.load_error:
+        lines.append(f"CANNOT LOAD: {report.load_error}")
+    lines += [f"MISMATCH: {p}" for p in report.problems]
+    lines.append(["valid", f"{len(report.problems)} mismatch(es)", "cannot load"][report.status])
+    return "\n".join(lines)
