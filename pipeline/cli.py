@@ -180,10 +180,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------------------------------- export
 def _export(store: Path, out: Path, repo_id: str | None) -> int:
+    from demoforge.pipeline.faults import export_pause
     from demoforge.storage.lerobot_export import export_store
 
     console = _console(stderr=True)
-    report = export_store(store, out, repo_id=repo_id,
+    report = export_store(store, out, repo_id=repo_id, stage_pause=export_pause(),
                           progress=lambda done, total: console.print(f"exported {done}/{total}")
                           if console.is_terminal or done == total or done % 50 == 0 else None)
     out_console = _console()

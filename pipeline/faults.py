@@ -7,7 +7,8 @@ the write stage, and between the fsync and the catalog flip of every commit). Un
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 
 STAGES = ("step", "encode", "write", "commit")
 
@@ -24,3 +25,12 @@ def stage_delays(spec: str | None = None) -> Mapping[str, float]:
         except ValueError:
             raise ValueError(f"DEMOFORGE_STAGE_DELAY: {item!r} is not STAGE:SECONDS") from None
     return delays
+
+
+def export_pause() -> Callable[[str], None] | None:
+    """``DEMOFORGE_EXPORT_PAUSE=seconds`` sleeps at each step of an export, so a kill can land inside it."""
+    raw = os.environ.get("DEMOFORGE_EXPORT_PAUSE")
+    if not raw:
+        return None
+    seconds = float(raw)
+    return lambda _step: time.sleep(seconds)

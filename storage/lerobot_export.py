@@ -431,7 +431,7 @@ def _write_videos(build: Path, key: str, start: Sequence[int], fps: int, streams
                 path = build / DEFAULT_VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 out = av.open(str(path), mode="w", format="mp4")
-                out_stream = out.add_stream_from_template(in_stream)
+                out_stream = out.add_stream_from_template(in_stream, opaque=True)  # copy, never encode
                 files.append(path)
                 frames_in_file = bytes_in_file = 0
             offset_s = frames_in_file / fps

@@ -15,7 +15,7 @@ import os
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import collections  # noqa: E402
-from collections.abc import Iterator, Mapping  # noqa: E402
+from collections.abc import Callable, Iterator, Mapping  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -49,7 +49,6 @@ DEFAULTS: dict[str, Any] = {"image_height": 224, "image_width": 224, "shadows": 
 MIN_SIZE, MAX_SIZE = 32, 1080
 CAMERA = "top"
 FPS = 50
-STEP_LIMIT = 500  # the plan is 400 steps; gym-aloha's default limit (300) would truncate it
 INSTRUCTION = "transfer the cube from the right arm to the left arm"
 ARMS = ("left", "right")
 CUBE_GEOM = "red_box"
@@ -62,6 +61,8 @@ WELD_SOLIMP = (0.95, 0.99)
 # ------------------------------------------------------------------------------------ the waypoint plan
 MEET = np.array([0.0, 0.5, 0.25])  # where the right arm presents the cube to the left arm
 OPEN, CLOSED = 1.0, 0.0  # normalized gripper commands
+GRASP_OFFSET = np.array([0.0, 0.0, -0.005])  # lower and the fingertips drag on the table on far reaches
+HOLD_RADIUS = 0.03  # a held cube's centre is this close to the gripper's fingertip point
 LEFT_READY = np.array([-0.1, 0.0, 0.0])  # left fingertips relative to the presented cube, before/after
 LEFT_GRASP = np.array([0.01, 0.0, 0.0])  # ... and while grasping it
 
@@ -73,7 +74,8 @@ def _axis_quat(axis: tuple[float, float, float], degrees: float) -> np.ndarray:
 
 
 PICK_QUAT = _axis_quat((0.0, 1.0, 0.0), -60.0)  # right gripper tilted down toward the table
-MEET_QUAT = _axis_quat((1.0, 0.0, 0.0), 90.0)  # left gripper rolled so its fingers cross the right's
+MEET_QUAT = _axis_quat((1.0, 0.0, 0.0), -90.0)  # left gripper rolled: fingers cross the right's, the
+# finger gym-aloha checks for contact ends up below the cube, where gravity keeps it touching
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,9 @@ PHASES = (
 )
 SEGMENT_NAMES = tuple(phase.name for phase in PHASES)
 PLAN_STEPS = PHASES[-1].end
+# gym-aloha's default limit (300) would truncate the plan. The margin lets a finished vector row hold still
+# while other rows run (a truncated row may not be stepped again without a reset).
+STEP_LIMIT = 4 * PLAN_STEPS
 
 
 def waypoint_plan(cube: np.ndarray, handoff: np.ndarray, start: Mapping[str, Keyframe]
@@ -123,13 +128,14 @@ def waypoint_plan(cube: np.ndarray, handoff: np.ndarray, start: Mapping[str, Key
     :data:`MEET` and ``start`` the arms' poses at step 0.
     """
     above = cube + np.array([0.0, 0.0, 0.08])
-    at_cube = cube + np.array([0.0, 0.0, -0.015])
+    at_cube = cube + GRASP_OFFSET
     left_ready = handoff + LEFT_READY
     left_grasp = handoff + LEFT_GRASP
     right = [
         start["right"],
         Keyframe(90, above, PICK_QUAT, OPEN),
         Keyframe(130, at_cube, PICK_QUAT, OPEN),
+        Keyframe(155, at_cube, PICK_QUAT, CLOSED),  # closed early: the fingers settle on the cube by 170
         Keyframe(170, at_cube, PICK_QUAT, CLOSED),
         Keyframe(200, MEET + np.array([0.05, 0.0, 0.0]), PICK_QUAT, CLOSED),
         Keyframe(220, MEET, PICK_QUAT, CLOSED),
@@ -385,16 +391,18 @@ class AlohaTransferCube(gym.Wrapper):
             self._planner.sync(self.physics)
             actions = self._planner.rollout(frames, phase.start, phase.end)
             yield Segment(actions=actions, name=phase.name, target="cube", instruction=phase.instruction,
-                          metadata={"t_start": phase.start, "t_end": phase.end,
+                          metadata={"plan_start_step": phase.start, "plan_end_step": phase.end,
                                     "cube_xyz": _rounded(cube), "handoff_xyz": _rounded(handoff)},
                           validator=self._validator(phase.name, cube))
 
     def _tip(self, arm: str) -> np.ndarray:
+        """``arm``'s fingertip point (where its mocap would sit)."""
         return tcp_pose(self.physics, arm, self._planner.offsets)[0]
 
     # -- validators (read the joint env's physics after the segment's last step)
-    def _validator(self, name: str, cube: np.ndarray) -> Any:
-        checks = {
+    def _validator(self, name: str, cube: np.ndarray) -> Callable[[StepView], bool]:
+        """The check for phase ``name``; ``cube`` is where that phase's plan expected the cube."""
+        checks: dict[str, Callable[[], bool]] = {
             "reach_above_cube": lambda: self._above_cube(cube),
             "descend": lambda: self._around_cube(cube),
             "grasp": lambda: self._holds("right"),
@@ -404,7 +412,7 @@ class AlohaTransferCube(gym.Wrapper):
             "retreat": lambda: self._lifted_by("left") and not self._touches("right"),
         }
         check = checks[name]
-        return lambda view: bool(check())
+        return lambda _view: bool(check())
 
     def _above_cube(self, planned: np.ndarray) -> bool:
         """The open right gripper hovers over the cube, which has not been pushed."""
@@ -423,8 +431,9 @@ class AlohaTransferCube(gym.Wrapper):
         return bool(cube_touchers(self.physics) & set(FINGERS[arm]))
 
     def _holds(self, arm: str) -> bool:
-        """Both fingers of ``arm`` press on the cube."""
-        return set(FINGERS[arm]) <= cube_touchers(self.physics)
+        """``arm``'s fingers touch the cube and it sits between them (one finger's contact may flicker)."""
+        near = np.linalg.norm(cube_position(self.physics) - self._tip(arm)) < HOLD_RADIUS
+        return self._touches(arm) and bool(near)
 
     def _lifted_by(self, arm: str) -> bool:
         """``arm`` holds the cube clear of the table."""
