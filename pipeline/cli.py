@@ -216,6 +216,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return report.status
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from demoforge.storage.inspect import describe, draw, inspect_path
+
+    try:
+        result = inspect_path(args.path, with_frames=args.plot is not None)
+    except FileNotFoundError as exc:
+        _console(stderr=True).print(f"demoforge inspect: error: {exc}")
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        _console().print(describe(result), markup=False)
+    if args.plot is not None:
+        _console(stderr=True).print(f"wrote {draw(result, args.plot)}")
+    return EXIT_OK
+
+
 # -------------------------------------------------------------------------------------------- verify
 def cmd_verify(args: argparse.Namespace) -> int:
     from demoforge.storage.staging import StagingStore
@@ -295,6 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--video-backend", default="pyav", choices=["pyav", "torchcodec"])
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_validate)
+
+    p = sub.add_parser("inspect", help="episodes, outcomes and segment statistics of a store or dataset")
+    p.add_argument("path", type=Path, metavar="STORE_OR_DATASET")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                   help="draw segment timelines and a contact sheet of frames at segment boundaries")
+    p.set_defaults(fn=cmd_inspect)
 
     p = sub.add_parser("status", help="counts by state and outcome of a store (safe while a job runs)")
     p.add_argument("--store", type=Path, required=True)

@@ -244,3 +244,22 @@ def test_generate_with_export_flag(tmp_path):
     assert "exported 2 episode(s)" in result.stdout
     check = run_cli("validate", str(out), "--json")
     assert check.returncode == 0 and json.loads(check.stdout)["status"] == "valid"
+
+
+def test_inspect_store_and_dataset_with_plot(tmp_path):
+    store, out = tmp_path / "store", tmp_path / "dataset"
+    generate(store, 4, options={**OPTIONS, "fail_every": 2}, max_attempts=3)
+    export_store(store, out)
+    for path in (store, out):
+        result = run_cli("inspect", str(path), "--json", "--plot", str(tmp_path / f"{path.name}.png"))
+        assert result.returncode == 0, result.stderr
+        data = json.loads(result.stdout)
+        assert data["episodes"] == 4 and data["frames"] == 96
+        assert data["segments"]["approach"]["count"] == 4 and data["segments"]["approach"]["median"] == 12
+        from PIL import Image
+        picture = Image.open(tmp_path / f"{path.name}.png")
+        assert picture.size[0] == 1200 and picture.size[1] > 200
+    store_data = json.loads(run_cli("inspect", str(store), "--json").stdout)
+    assert any(k.startswith("discarded:") for k in store_data["outcomes"])
+    missing = run_cli("inspect", str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and "neither a demoforge store" in missing.stderr

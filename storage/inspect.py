@@ -1,0 +1,193 @@
+"""``demoforge inspect``: episodes, outcomes and per-segment statistics of a store or an exported dataset,
+and optionally a picture: per-episode segment timelines above a contact sheet of camera frames taken at
+segment boundaries. Drawn with Pillow (already a dependency through lerobot) to keep plotting libraries
+out of the install."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+
+from demoforge.storage.lerobot_export import SIDECAR, camera_key
+
+
+@dataclass
+class Inspection:
+    source: str
+    kind: str  # "store" or "dataset"
+    episodes: list[dict[str, Any]] = field(default_factory=list)  # committed/exported episode records
+    failed: list[dict[str, Any]] = field(default_factory=list)  # discarded attempts' records (stores only)
+    outcomes: dict[str, int] = field(default_factory=dict)
+    frames: dict[str, list[np.ndarray]] = field(default_factory=dict)  # "episode:segment" -> boundary frames
+
+    def segment_stats(self) -> dict[str, dict[str, Any]]:
+        lengths: dict[str, list[int]] = defaultdict(list)
+        failures: dict[str, Counter[str]] = defaultdict(Counter)
+        for record in self.episodes + self.failed:
+            for s in record.get("segments", []):
+                if record.get("success"):
+                    lengths[s["name"]].append(int(s["end_step"]) - int(s["start_step"]))
+                if not s.get("success", True) and s.get("failure_reason"):
+                    failures[s["name"]][s["failure_reason"]] += 1
+        out = {}
+        for name in sorted(set(lengths) | set(failures)):
+            values = np.array(lengths.get(name, []) or [0])
+            out[name] = {"count": len(lengths.get(name, [])), "min": int(values.min()), "median": float(np.median(values)),
+                         "mean": round(float(values.mean()), 2), "max": int(values.max()),
+                         "failures": dict(failures.get(name, {}))}
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        lengths = [int(e["length"]) for e in self.episodes]
+        return {"source": self.source, "kind": self.kind, "episodes": len(self.episodes),
+                "frames": int(sum(lengths)), "outcomes": self.outcomes,
+                "episode_length": {"min": min(lengths, default=0), "max": max(lengths, default=0),
+                                   "mean": round(float(np.mean(lengths)), 2) if lengths else 0},
+                "segments": self.segment_stats()}
+
+
+def inspect_path(path: Path | str, *, with_frames: bool = False, max_episodes: int = 8) -> Inspection:
+    path = Path(path)
+    if (path / "catalog.sqlite").exists():
+        return _inspect_store(path, with_frames, max_episodes)
+    if (path / "meta" / "info.json").exists():
+        return _inspect_dataset(path, with_frames, max_episodes)
+    raise FileNotFoundError(f"{path} is neither a demoforge store (catalog.sqlite) nor a LeRobot dataset "
+                            "(meta/info.json)")
+
+
+def _inspect_store(path: Path, with_frames: bool, max_episodes: int) -> Inspection:
+    from demoforge.storage.staging import StagingStore
+    from demoforge.storage.store import layout_from_fingerprint, open_catalog_readonly
+
+    catalog = open_catalog_readonly(path)
+    try:
+        rows = catalog.attempts()
+        fingerprint = catalog.fingerprint()
+    finally:
+        catalog.close()
+    good = [r for r in rows if r.state in ("committed", "exported") and r.record]
+    result = Inspection(str(path), "store", episodes=[{**r.record, "length": r.frames} for r in good])
+    result.outcomes = dict(Counter(r.state if r.state != "discarded" else f"discarded:{r.terminal_reason}"
+                                   for r in rows))
+    result.failed = [r.record for r in rows if r.state == "discarded" and r.record]
+    if with_frames and fingerprint and fingerprint["cameras"]:
+        staging = StagingStore(path, layout_from_fingerprint(fingerprint))
+        camera = fingerprint["cameras"][0][0]
+        for r in good[:max_episodes]:
+            data = staging.read_episode(r.episode_id, r.frames, r.video_bytes).video[camera]
+            _add_boundary_frames(result, r.record, _decode_all(data))
+    return result
+
+
+def _inspect_dataset(path: Path, with_frames: bool, max_episodes: int) -> Inspection:
+    sidecar = path / SIDECAR
+    if not sidecar.exists():
+        raise FileNotFoundError(f"{path} has no {SIDECAR}: not a demoforge export, so it has no segment records")
+    records = [json.loads(line) for line in sidecar.read_text().splitlines() if line.strip()]
+    result = Inspection(str(path), "dataset", episodes=records, outcomes={"exported": len(records)})
+    if with_frames and records:
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+        dataset = LeRobotDataset(repo_id=f"local/{path.name}", root=path, video_backend="pyav")
+        if dataset.meta.video_keys:
+            key = dataset.meta.video_keys[0]
+            for record in records[:max_episodes]:
+                start = int(dataset.meta.episodes[record["dataset_episode_index"]]["dataset_from_index"])
+                frames = {}
+                for s in record.get("segments", []):
+                    for step in (int(s["start_step"]), int(s["end_step"]) - 1):
+                        image = dataset[start + step][key]
+                        frames[step] = (image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+                _add_boundary_frames(result, record, frames)
+    return result
+
+
+def _decode_all(data: bytes) -> dict[int, np.ndarray]:
+    with av.open(io.BytesIO(data)) as container:
+        return {i: f.to_ndarray(format="rgb24") for i, f in enumerate(container.decode(container.streams.video[0]))}
+
+
+def _add_boundary_frames(result: Inspection, record: dict[str, Any], frames: dict[int, np.ndarray]) -> None:
+    key = record.get("dataset_episode_index", record.get("episode_index"))
+    for s in record.get("segments", []):
+        picks = [frames.get(int(s["start_step"])), frames.get(int(s["end_step"]) - 1)]
+        result.frames[f"{key}:{s['name']}"] = [p for p in picks if p is not None]
+
+
+# ------------------------------------------------------------------------------------------- picture
+_PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
+            (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
+
+
+def draw(result: Inspection, out: Path | str, max_episodes: int = 8) -> Path:
+    from PIL import Image, ImageDraw
+
+    episodes = result.episodes[:max_episodes]
+    names = list(dict.fromkeys(_base_name(s["name"]) for e in episodes for s in e.get("segments", [])))
+    colors = {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(names)}
+    width, bar_h, margin = 1200, 22, 110
+    longest = max((int(e["length"]) for e in episodes), default=1)
+    thumbs = [(k, f) for k, fs in result.frames.items() for f in fs]
+    thumb = 96
+    per_row = (width - 20) // (thumb + 6)
+    sheet_rows = -(-len(thumbs) // per_row) if thumbs else 0
+    height = 40 + len(episodes) * (bar_h + 6) + 30 + 20 * (-(-len(names) // 6)) + sheet_rows * (thumb + 22) + 20
+    image = Image.new("RGB", (width, height), "white")
+    pen = ImageDraw.Draw(image)
+    pen.text((10, 10), f"{result.kind} {result.source}: {len(result.episodes)} episodes (showing {len(episodes)})",
+             fill="black")
+    y = 40
+    scale = (width - margin - 20) / longest
+    for e in episodes:
+        label = f"ep {e.get('dataset_episode_index', e.get('episode_index'))}"
+        pen.text((10, y + 5), label, fill="black")
+        for s in e.get("segments", []):
+            x0 = margin + int(s["start_step"]) * scale
+            x1 = margin + int(s["end_step"]) * scale
+            pen.rectangle([x0, y, max(x1 - 1, x0 + 1), y + bar_h], fill=colors[_base_name(s["name"])],
+                          outline="white")
+        y += bar_h + 6
+    y += 10
+    for i, name in enumerate(names):
+        x = 10 + (i % 6) * 195
+        if i and i % 6 == 0:
+            y += 20
+        pen.rectangle([x, y, x + 14, y + 14], fill=colors[name])
+        pen.text((x + 20, y + 2), name, fill="black")
+    y += 30
+    for i, (key, frame) in enumerate(thumbs):
+        x = 10 + (i % per_row) * (thumb + 6)
+        row_y = y + (i // per_row) * (thumb + 22)
+        image.paste(Image.fromarray(frame).resize((thumb, thumb)), (x, row_y))
+        pen.text((x, row_y + thumb + 2), key[:16], fill="black")
+    out = Path(out)
+    image.save(out)
+    return out
+
+
+def _base_name(name: str) -> str:
+    """'reach_2' and 'reach_0' share a colour: strip a trailing cycle number."""
+    head, _, tail = name.rpartition("_")
+    return head if head and tail.isdigit() else name
+
+
+def describe(result: Inspection) -> str:
+    data = result.to_json()
+    lines = [f"{data['kind']} {data['source']}: {data['episodes']} episodes, {data['frames']} frames; "
+             f"episode length min/mean/max {data['episode_length']['min']}/{data['episode_length']['mean']}/"
+             f"{data['episode_length']['max']}",
+             "outcomes: " + (", ".join(f"{k}={v}" for k, v in sorted(data["outcomes"].items())) or "none"),
+             f"{'segment':<24}{'count':>7}{'min':>6}{'median':>8}{'mean':>8}{'max':>6}  failures"]
+    for name, s in data["segments"].items():
+        failures = ", ".join(f"{k} x{v}" for k, v in s["failures"].items()) or "-"
+        lines.append(f"{name:<24}{s['count']:>7}{s['min']:>6}{s['median']:>8.1f}{s['mean']:>8.2f}{s['max']:>6}  "
+                     f"{failures}")
+    return "\n".join(lines)
