@@ -21,3 +21,24 @@ def test_writing_a_task_example_runs(capsys):
         assert r.segments[1].metadata["start_position"] < -0.6
     from demoforge.pipeline.tasks.registry import get_task
     assert get_task("mountain-car").info().segment_names == ("swing_back", "drive_up")
+
+
+def test_export_training_snippet_runs(tmp_path):
+    """The training-side snippet of docs/export.md, on a small real fetch-pick-place export."""
+    import subprocess
+    import sys
+
+    from helpers import cli_env, demoforge_argv
+
+    store, dataset = tmp_path / "store", tmp_path / "fetch-dataset"
+    done = subprocess.run(demoforge_argv("generate", "--task", "fetch-pick-place", "--episodes", "1", "--option",
+                                         "cycles=1", "--option", "image_size=64", "--store", str(store),
+                                         "--codec", "h264", "--export", str(dataset)),
+                          env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (block,) = python_blocks("export.md")
+    block = block.replace('"runs/fetch-dataset"', repr(str(dataset)))
+    result = subprocess.run([sys.executable, "-c", block], env=cli_env(HF_HUB_OFFLINE="1"), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "segment ids in this chunk" in result.stdout and "sub-tasks of this episode" in result.stdout
