@@ -39,7 +39,8 @@ def bench(task: str, seeds: int, options: dict) -> dict:
     failures: dict[str, int] = {}
     for r in results:
         if not r.committable:
-            failures[r.failure_reason or r.terminal_reason.value] = failures.get(r.failure_reason or "?", 0) + 1
+            reason = r.failure_reason or r.terminal_reason.value
+            failures[reason] = failures.get(reason, 0) + 1
     lengths = [r.length for r in results]
     return {"task": task, "options": entry.resolve_options(options), "episodes": len(results),
             "succeeded": len(ok), "success_rate": len(ok) / len(results) if results else 0.0,
