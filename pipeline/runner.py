@@ -47,8 +47,11 @@ class JobStats:
     discarded: Counter[str] = field(default_factory=Counter)
     abandoned: int = 0
     frames: int = 0
+    attempts: int = 0
+    last_commit_at: float | None = None
     started_at: float = field(default_factory=time.monotonic)
     queues: dict[str, MemoryObjectSendStream[Any]] = field(default_factory=dict)
+    busy: dict[str, float] = field(default_factory=dict)  # seconds of work per stage
 
     @property
     def total_committed(self) -> int:
@@ -85,12 +88,14 @@ class JobRunner:
     discarded, committed ones kept."""
 
     def __init__(self, spec: JobSpec, store_dir: Path | str,
-                 on_progress: Callable[[JobStats], None] | None = None) -> None:
+                 on_progress: Callable[[JobStats], None] | None = None,
+                 on_outcome: Callable[[StagedAttempt], None] | None = None) -> None:
         self.spec = spec
         self.store_dir = Path(store_dir)
         self.entry = get_task(spec.task)
         self.info = self.entry.info(spec.task_options)
         self.on_progress = on_progress
+        self.on_outcome = on_outcome
         self._stop = threading.Event()
         self._planner: EpisodePlanner | None = None
         self._token: Any = None
@@ -98,14 +103,29 @@ class JobRunner:
         self.stats = JobStats(target=spec.episodes)
 
     def stop(self) -> None:
+        """Stop now: in-flight attempts end as interrupted (discarded); committed ones are kept."""
         self._stop.set()
+        self._call_planner(lambda planner: planner.stop())
+
+    def drain(self) -> None:
+        """Stop starting episodes; in-flight ones run to their end (retries included) and are committed."""
+        self._call_planner(lambda planner: planner.stop())
+
+    def set_paused(self, paused: bool) -> None:
+        self._call_planner(lambda planner: planner.set_paused(paused))
+
+    @property
+    def paused(self) -> bool:
+        return self._planner is not None and self._planner.paused
+
+    def _call_planner(self, fn: Callable[[EpisodePlanner], None]) -> None:
         planner = self._planner
         if planner is None:
             return
         if threading.get_ident() == self._loop_thread:
-            planner.stop()
+            fn(planner)
         elif self._token is not None:
-            anyio.from_thread.run_sync(planner.stop, token=self._token)
+            anyio.from_thread.run_sync(fn, planner, token=self._token)
 
     async def run(self, handle_signals: bool = False) -> JobReport:
         spec, info = self.spec, self.info
@@ -133,6 +153,10 @@ class JobRunner:
                     stats.frames += item.ended.frames
                 else:
                     stats.discarded[result.terminal_reason.value] += 1
+                stats.attempts += 1
+                stats.last_commit_at = time.time() if result.committable else stats.last_commit_at
+                if self.on_outcome is not None:
+                    self.on_outcome(item)
                 if self.on_progress is not None:
                     self.on_progress(stats)
 
@@ -149,13 +173,15 @@ class JobRunner:
                             w, lambda: self.entry.build(spec.task_options), task=spec.task,
                             num_envs=spec.num_envs, job_seed=spec.seed, max_attempts=spec.max_attempts,
                             assignments=assign_recv.clone(), send=step_send.clone(), stop=self._stop,
-                            delay_s=delays.get("step", 0.0)))
+                            delay_s=delays.get("step", 0.0), busy=stats.busy))
                 tg.start_soon(lambda: encode_stage(step_recv, enc_send, cameras=info.cameras, fps=info.fps,
-                                                   settings=spec.video, delay_s=delays.get("encode", 0.0)))
+                                                   settings=spec.video, delay_s=delays.get("encode", 0.0),
+                                                   busy=stats.busy))
                 tg.start_soon(lambda: write_stage(enc_recv, write_send, staging=store.staging,
-                                                  catalog=store.catalog, delay_s=delays.get("write", 0.0)))
+                                                  catalog=store.catalog, delay_s=delays.get("write", 0.0),
+                                                  busy=stats.busy))
                 await commit_stage(write_recv, staging=store.staging, catalog=store.catalog, planner=planner,
-                                   on_outcome=on_outcome, delay_s=delays.get("commit", 0.0))
+                                   on_outcome=on_outcome, delay_s=delays.get("commit", 0.0), busy=stats.busy)
                 tg.cancel_scope.cancel()  # only the signal watcher can still be running
             return JobReport(store=self.store_dir, target=spec.episodes,
                              committed_total=stats.total_committed, committed_this_run=stats.committed,

@@ -7,6 +7,7 @@ discards; after it, the episode is committed and complete. A discard flips the r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import anyio
@@ -20,7 +21,9 @@ from demoforge.storage.staging import StagingStore
 
 async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt], *, staging: StagingStore,
                        catalog: Catalog, planner: EpisodePlanner,
-                       on_outcome: Callable[[StagedAttempt], None] | None = None, delay_s: float = 0.0) -> None:
+                       on_outcome: Callable[[StagedAttempt], None] | None = None, delay_s: float = 0.0,
+                       busy: dict[str, float] | None = None) -> None:
+    busy = busy if busy is not None else {}
     async with receive:
         async for item in receive:
             if isinstance(item, EpisodeAbandoned):
@@ -30,6 +33,7 @@ async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt
                 continue
             ended = item.ended
             result = ended.result
+            mark = time.perf_counter()
             episode_id = ended.key.episode_id
             if result.committable:
                 await anyio.to_thread.run_sync(staging.make_durable, episode_id)
@@ -47,5 +51,6 @@ async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt
                     staging.delete_episode(episode_id)
 
                 await anyio.to_thread.run_sync(discard)
+            busy["commit"] = busy.get("commit", 0.0) + time.perf_counter() - mark
             if on_outcome is not None:
                 on_outcome(item)

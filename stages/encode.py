@@ -7,6 +7,7 @@ into another episode. Encoding runs in worker threads (PyAV releases the GIL), o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import anyio
@@ -111,8 +112,9 @@ async def _map_cameras(fn, items: Mapping[str, object]) -> dict[str, bytes]:
 
 async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[Record], *,
                        cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings,
-                       delay_s: float = 0.0) -> None:
+                       delay_s: float = 0.0, busy: dict[str, float] | None = None) -> None:
     """Replace each frame's images by encoded bytes; flush or drop the encoders when an attempt ends."""
+    busy = busy if busy is not None else {}
     specs = {c.name: c for c in cameras}
     encoders: dict[AttemptKey, dict[str, CameraEncoder]] = {}
     try:
@@ -126,7 +128,9 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
                         encoders[record.key] = await anyio.to_thread.run_sync(
                             lambda: {n: CameraEncoder(s, fps, settings) for n, s in specs.items()})
                     mine = encoders[record.key]
+                    mark = time.perf_counter()
                     video = await _map_cameras(lambda n, img: mine[n].encode(img), record.images)
+                    busy["encode"] = busy.get("encode", 0.0) + time.perf_counter() - mark
                     if delay_s:
                         await anyio.sleep(delay_s)
                     await send.send(EncodedFrame(record.key, record.step, record.state, record.action,

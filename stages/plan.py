@@ -28,6 +28,7 @@ class EpisodePlanner:
         self.quarantined = set(resume.quarantined)  # lost to corruption: replaced by new indices
         self._changed = anyio.Event()
         self._stopped = False
+        self.paused = False
         self._next = 0
 
     @property
@@ -40,7 +41,13 @@ class EpisodePlanner:
         self._wake()
 
     def stop(self) -> None:
+        """Start no more episodes; the plan stream closes, so workers finish what they hold and end."""
         self._stopped = True
+        self._wake()
+
+    def set_paused(self, paused: bool) -> None:
+        """While paused no new episode starts (in-flight ones finish); used when disk space runs low."""
+        self.paused = paused
         self._wake()
 
     def _wake(self) -> None:
@@ -57,7 +64,7 @@ class EpisodePlanner:
         """The stage: send assignments while committed + in-flight is below the target."""
         async with send:
             while not self._stopped and not self.done:
-                if len(self.committed) + len(self.in_flight) >= self.target:
+                if self.paused or len(self.committed) + len(self.in_flight) >= self.target:
                     await self._changed.wait()
                     continue
                 index = self._next_index()

@@ -8,6 +8,7 @@ own env in its own thread.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import anyio
@@ -47,18 +48,25 @@ class _StreamWork:
 
 async def step_stage(worker: int, make_row_env: Callable[[], gym.Env], *, task: str, num_envs: int,
                      job_seed: int, max_attempts: int, assignments: MemoryObjectReceiveStream[EpisodeAssignment],
-                     send: MemoryObjectSendStream[Record], stop: threading.Event, delay_s: float = 0.0) -> None:
-    """Run one env worker until the plan runs dry or ``stop`` is set; in-flight attempts end interrupted."""
+                     send: MemoryObjectSendStream[Record], stop: threading.Event, delay_s: float = 0.0,
+                     busy: dict[str, float] | None = None) -> None:
+    """Run one env worker until the plan runs dry or ``stop`` is set; in-flight attempts end interrupted.
+
+    ``busy["step:<worker>"]`` accumulates the time spent producing records (not waiting downstream)."""
 
     def work() -> None:
         env = build_env(make_row_env, num_envs)
         try:
             executor = Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts,
                                 interrupt=stop.is_set, worker=worker)
+            mark = time.perf_counter()
             for record in executor.run(_StreamWork(assignments, stop)):
+                if busy is not None:
+                    busy[f"step:{worker}"] = busy.get(f"step:{worker}", 0.0) + time.perf_counter() - mark
                 anyio.from_thread.run(send.send, record)
                 if delay_s:
                     stop.wait(delay_s)
+                mark = time.perf_counter()
         finally:
             env.close()
 

@@ -3,6 +3,8 @@ at a time, and opens the attempt's catalog row before any of its data is written
 
 from __future__ import annotations
 
+import time
+
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -20,7 +22,9 @@ from demoforge.storage.staging import EpisodeWriter, StagingStore
 
 
 async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[Record | StagedAttempt],
-                      *, staging: StagingStore, catalog: Catalog, delay_s: float = 0.0) -> None:
+                      *, staging: StagingStore, catalog: Catalog, delay_s: float = 0.0,
+                      busy: dict[str, float] | None = None) -> None:
+    busy = busy if busy is not None else {}
     writers: dict[AttemptKey, EpisodeWriter] = {}
     async with receive, send:
         async for record in receive:
@@ -39,7 +43,9 @@ async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryOb
                 for camera, data in record.video.items():
                     full |= writer.add_video(camera, data)
                 if full:
+                    mark = time.perf_counter()
                     await anyio.to_thread.run_sync(writer.flush_full)
+                    busy["write"] = busy.get("write", 0.0) + time.perf_counter() - mark
                 if delay_s:
                     await anyio.sleep(delay_s)
             elif isinstance(record, VideoTail):
@@ -52,7 +58,9 @@ async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryOb
                     if writer.frames != record.frames:
                         raise RuntimeError(f"{record.key.episode_id}: write stage saw {writer.frames} frames, the "
                                            f"executor emitted {record.frames}")
+                    mark = time.perf_counter()
                     sizes = await anyio.to_thread.run_sync(writer.flush_all)
+                    busy["write"] = busy.get("write", 0.0) + time.perf_counter() - mark
                     await send.send(StagedAttempt(record, sizes, writer.content_hash()))
                 else:
                     await send.send(StagedAttempt(record, {}, None))
