@@ -233,6 +233,29 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -------------------------------------------------------------------------------------------- daemon
+def cmd_daemon(args: argparse.Namespace) -> int:
+    import anyio
+
+    from demoforge.pipeline.daemon import EventLog, GenerationDaemon
+    from demoforge.pipeline.daemon_config import load_config
+
+    overrides: dict[str, Any] = {}
+    if args.store is not None:
+        overrides["store.dir"] = str(args.store.resolve())
+    if args.export is not None:
+        overrides["export.dir"] = str(args.export.resolve())
+    if args.episodes is not None:
+        overrides["job.episodes"] = args.episodes
+    if args.metrics_address is not None:
+        overrides["metrics.address"] = args.metrics_address
+    if args.json_logs:
+        overrides["log.json"] = True
+    config = load_config(args.config, overrides)
+    daemon = GenerationDaemon(config, EventLog(config.json_logs))
+    return anyio.run(daemon.run)
+
+
 # -------------------------------------------------------------------------------------------- verify
 def cmd_verify(args: argparse.Namespace) -> int:
     from demoforge.storage.staging import StagingStore
@@ -325,6 +348,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_status)
 
+    p = sub.add_parser("daemon", help="run generation as a service: periodic export, metrics, graceful stop")
+    p.add_argument("--config", type=Path, required=True, metavar="JOB.toml")
+    p.add_argument("--store", type=Path, default=None, help="override store.dir")
+    p.add_argument("--export", type=Path, default=None, help="override export.dir")
+    p.add_argument("--episodes", type=int, default=None, help="override job.episodes")
+    p.add_argument("--metrics-address", default=None, metavar="HOST:PORT", help="override metrics.address")
+    p.add_argument("--json-logs", action="store_true", help="structured JSON log lines")
+    p.set_defaults(fn=cmd_daemon)
+
     p = sub.add_parser("verify", help="re-read every committed episode: checksums, counts, hashes, video frames")
     p.add_argument("--store", type=Path, required=True)
     p.add_argument("--json", action="store_true")
@@ -334,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from demoforge.pipeline.daemon_config import DaemonConfigError
     from demoforge.pipeline.job import JobConfigError
     from demoforge.pipeline.tasks.registry import TaskOptionError, UnknownTaskError
     from demoforge.storage.catalog import JobMismatchError
@@ -341,14 +374,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     from demoforge.storage.store import StoreError
 
     args = build_parser().parse_args(argv)
+    known = (JobConfigError, TaskOptionError, UnknownTaskError, JobMismatchError, StoreError, ExportError,
+             DaemonConfigError)
     try:
-        return args.fn(args)
-    except (JobConfigError, TaskOptionError, UnknownTaskError, JobMismatchError, StoreError, ExportError) as exc:
-        _console(stderr=True).print(f"demoforge {args.command}: error: {exc}")
+        try:
+            return args.fn(args)
+        except BaseExceptionGroup as group:  # errors raised inside a task group arrive wrapped
+            leaves = _leaves(group)
+            if leaves and all(isinstance(e, known) for e in leaves):
+                raise leaves[0] from None
+            raise
+    except known as exc:
+        _console(stderr=True).print(f"demoforge {args.command}: error: {exc}", markup=False)
         return EXIT_USAGE
     except KeyboardInterrupt:
         _console(stderr=True).print(f"demoforge {args.command}: stopped at once; committed episodes are kept")
         return 130
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 if __name__ == "__main__":

@@ -139,8 +139,7 @@ class JobRunner:
             stats = self.stats
             stats.committed_before = len(resume.committed)
             q = spec.queue_frames
-            assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](
-                max(1, spec.workers * spec.num_envs))
+            assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](0)
             step_send, step_recv = anyio.create_memory_object_stream[Record](q)
             enc_send, enc_recv = anyio.create_memory_object_stream[Record](q)
             write_send, write_recv = anyio.create_memory_object_stream[Record | StagedAttempt](q)

@@ -30,6 +30,7 @@ class EpisodePlanner:
         self._stopped = False
         self.paused = False
         self._next = 0
+        self._offer: anyio.CancelScope | None = None  # the send waiting for a worker, withdrawn on pause
 
     @property
     def done(self) -> bool:
@@ -43,12 +44,19 @@ class EpisodePlanner:
     def stop(self) -> None:
         """Start no more episodes; the plan stream closes, so workers finish what they hold and end."""
         self._stopped = True
+        self._withdraw()
         self._wake()
 
     def set_paused(self, paused: bool) -> None:
         """While paused no new episode starts (in-flight ones finish); used when disk space runs low."""
         self.paused = paused
+        if paused:
+            self._withdraw()
         self._wake()
+
+    def _withdraw(self) -> None:
+        if self._offer is not None:
+            self._offer.cancel()
 
     def _wake(self) -> None:
         self._changed.set()
@@ -69,9 +77,18 @@ class EpisodePlanner:
                     continue
                 index = self._next_index()
                 self.in_flight.add(index)
-                self._next += 1
-                try:
-                    await send.send(EpisodeAssignment(index, self.spent.get(index, 0)))
-                except anyio.BrokenResourceError:  # every env worker has stopped: nobody to plan for
+                # The stream has no buffer: an offer is taken by a worker or withdrawn (pause, stop), never
+                # left waiting in a queue where a pause could not reach it.
+                with anyio.CancelScope() as offer:
+                    self._offer = offer
+                    try:
+                        await send.send(EpisodeAssignment(index, self.spent.get(index, 0)))
+                    except anyio.BrokenResourceError:  # every env worker has stopped: nobody to plan for
+                        self.in_flight.discard(index)
+                        return
+                    finally:
+                        self._offer = None
+                if offer.cancelled_caught:
                     self.in_flight.discard(index)
-                    return
+                    continue
+                self._next = index + 1

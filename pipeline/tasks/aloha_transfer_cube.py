@@ -61,7 +61,7 @@ WELD_SOLIMP = (0.95, 0.99)
 # ------------------------------------------------------------------------------------ the waypoint plan
 MEET = np.array([0.0, 0.5, 0.25])  # where the right arm presents the cube to the left arm
 OPEN, CLOSED = 1.0, 0.0  # normalized gripper commands
-GRASP_OFFSET = np.array([0.0, 0.0, -0.005])  # lower and the fingertips drag on the table on far reaches
+GRASP_OFFSET = np.zeros(3)  # fingertip point at the cube centre; lower, the fingers drag on the table
 HOLD_RADIUS = 0.03  # a held cube's centre is this close to the gripper's fingertip point
 LEFT_READY = np.array([-0.1, 0.0, 0.0])  # left fingertips relative to the presented cube, before/after
 LEFT_GRASP = np.array([0.01, 0.0, 0.0])  # ... and while grasping it

@@ -1,0 +1,184 @@
+"""The long-running generation service: the pipeline plus periodic export, metrics, disk budget, signals.
+
+Lifecycle::
+
+    start: lock the store (one daemon per store), recover, serve metrics
+    run:   generate; export every N committed episodes or T seconds, whichever first
+    disk:  below the free-space floor no new episode starts (in-flight ones finish); resumes when space returns
+    SIGTERM/SIGINT: start no new episodes; in-flight ones may finish until the deadline, then are discarded;
+           final export; exit 0.   A second signal: discard in-flight now, final export, exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+import anyio.abc
+
+from demoforge.pipeline.daemon_config import DaemonConfig
+from demoforge.pipeline.metrics import JobMetrics
+from demoforge.pipeline.records import StagedAttempt
+from demoforge.pipeline.runner import JobRunner, JobStats
+
+FREE_SPACE_OVERRIDE = "DEMOFORGE_FREE_SPACE_FILE"  # tests: a file holding the free space to report, in MB
+
+
+class EventLog:
+    """One line per lifecycle event: human text, or JSON objects with ``--json-logs``."""
+
+    def __init__(self, json_lines: bool, stream: TextIO | None = None) -> None:
+        self.json_lines = json_lines
+        self.stream = stream or sys.stderr
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self.json_lines:
+            line = json.dumps({"ts": round(time.time(), 3), "event": event, **fields}, default=str)
+        else:
+            detail = " ".join(f"{k}={v}" for k, v in fields.items())
+            line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {event} {detail}".rstrip()
+        print(line, file=self.stream, flush=True)
+
+
+def free_megabytes(path: Path) -> float:
+    override = os.environ.get(FREE_SPACE_OVERRIDE)
+    if override:
+        try:
+            return float(Path(override).read_text().strip())
+        except (OSError, ValueError):
+            pass
+    return shutil.disk_usage(path).free / 2**20
+
+
+class GenerationDaemon:
+    def __init__(self, config: DaemonConfig, log: EventLog) -> None:
+        self.config = config
+        self.log = log
+        self.metrics = JobMetrics()
+        self.runner = JobRunner(config.spec, config.store, on_progress=self._on_progress,
+                                on_outcome=self._on_outcome)
+        self._since_export = 0
+        self._export_due = anyio.Event()
+        self._signals = 0
+        self._exported_total = 0
+
+    # ----------------------------------------------------------------------------- callbacks
+    def _on_outcome(self, item: StagedAttempt) -> None:
+        self.metrics.on_outcome(item)
+        result = item.ended.result
+        if result.committable:
+            self._since_export += 1
+            if self.config.export_dir is not None and self._since_export >= self.config.export_every_episodes:
+                self._export_due.set()
+        else:
+            self.log.emit("episode_discarded", episode=item.ended.key.episode_id, reason=result.terminal_reason.value,
+                          detail=result.failure_reason, attempt=result.attempt, seed=result.seed)
+
+    def _on_progress(self, stats: JobStats) -> None:
+        self.metrics.refresh(stats)
+        self.metrics.export_lag.set(stats.total_committed - self._exported_total)
+
+    # ----------------------------------------------------------------------------- tasks
+    async def _export(self, why: str) -> None:
+        if self.config.export_dir is None:
+            return
+        from demoforge.storage.lerobot_export import export_store
+
+        self._since_export = 0
+        started = time.monotonic()
+        report = await anyio.to_thread.run_sync(lambda: export_store(self.config.store, self.config.export_dir,
+                                                                     repo_id=self.config.repo_id))
+        self._exported_total = report.total_episodes
+        self.metrics.last_export.set(time.time())
+        self.metrics.exported_total.set(report.total_episodes)
+        self.metrics.export_lag.set(max(0, self.runner.stats.total_committed - report.total_episodes))
+        self.log.emit("export", why=why, added=report.exported, total_episodes=report.total_episodes,
+                      version=report.version, quarantined=len(report.quarantined),
+                      seconds=round(time.monotonic() - started, 2))
+
+    async def _export_loop(self) -> None:
+        while True:
+            with anyio.move_on_after(self.config.export_every_seconds):
+                await self._export_due.wait()
+            self._export_due = anyio.Event()
+            await self._export("periodic")
+
+    async def _disk_loop(self) -> None:
+        floor = self.config.min_free_mb
+        while True:
+            free = await anyio.to_thread.run_sync(free_megabytes, self.config.store)
+            self.metrics.free_bytes.set(free * 2**20)
+            paused = self.runner.paused
+            if not paused and free < floor:
+                self.runner.set_paused(True)
+                self.metrics.paused.set(1)
+                self.log.emit("generation_paused", reason="low disk space", free_mb=round(free), floor_mb=floor)
+            elif paused and free >= floor:
+                self.runner.set_paused(False)
+                self.metrics.paused.set(0)
+                self.log.emit("generation_resumed", free_mb=round(free), floor_mb=floor)
+            await anyio.sleep(self.config.disk_check_seconds)
+
+    async def _metrics_loop(self) -> None:
+        while True:
+            self._on_progress(self.runner.stats)
+            await anyio.sleep(1.0)
+
+    async def _signal_loop(self, tg: anyio.abc.TaskGroup) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                self._signals += 1
+                name = signal.Signals(signum).name
+                if self._signals == 1:
+                    self.log.emit("stopping", signal=name, deadline_s=self.config.shutdown_deadline_seconds,
+                                  note="no new episodes; in-flight ones may finish until the deadline")
+                    self.runner.drain()
+                    tg.start_soon(self._deadline)
+                elif self._signals == 2:
+                    self.log.emit("stopping_now", signal=name, note="in-flight episodes are discarded")
+                    self.runner.stop()
+                else:
+                    os._exit(1)
+
+    async def _deadline(self) -> None:
+        await anyio.sleep(self.config.shutdown_deadline_seconds)
+        self.log.emit("deadline_reached", note="discarding in-flight episodes")
+        self.runner.stop()
+
+    # ----------------------------------------------------------------------------- main
+    async def run(self) -> int:
+        config = self.config
+        close_http = None
+        if config.metrics_port is not None:
+            close_http = self.metrics.serve(config.metrics_host, config.metrics_port)
+        self.log.emit("started", pid=os.getpid(), task=config.spec.task, store=config.store,
+                      target="unbounded" if config.unbounded else config.spec.episodes,
+                      metrics=f"http://{config.metrics_host}:{config.metrics_port}/metrics"
+                      if config.metrics_port is not None else "off", export=config.export_dir)
+        try:
+            report = None
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._signal_loop, tg)
+                tg.start_soon(self._disk_loop)
+                tg.start_soon(self._metrics_loop)
+                if config.export_dir is not None:
+                    tg.start_soon(self._export_loop)
+                report = await self.runner.run()
+                tg.cancel_scope.cancel()
+            self.log.emit("recovery", detail=report.recovery.describe())
+            self._on_progress(self.runner.stats)
+            await self._export("final")
+            self.log.emit("stopped", committed_total=report.committed_total,
+                          committed_this_run=report.committed_this_run, discarded=report.discarded,
+                          reason="signal" if self._signals else "target reached")
+            return 0
+        finally:
+            if close_http is not None:
+                close_http()

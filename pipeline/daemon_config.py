@@ -1,0 +1,149 @@
+"""The daemon's job file (TOML): parsed strictly, every unknown key or bad value refused by name."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from demoforge.pipeline.job import JobConfigError, JobSpec, VideoSettings
+
+UNBOUNDED_EPISODES = 10_000_000
+
+
+class DaemonConfigError(ValueError):
+    """The job file is invalid; the message names the key and the reason."""
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    spec: JobSpec
+    store: Path
+    export_dir: Path | None = None
+    export_every_episodes: int = 50
+    export_every_seconds: float = 600.0
+    repo_id: str | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = 9464
+    min_free_mb: int = 1024
+    disk_check_seconds: float = 5.0
+    shutdown_deadline_seconds: float = 60.0
+    json_logs: bool = False
+    unbounded: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+# section -> key -> (type(s), description)
+_SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
+    "job": {"task": ((str,), "task name"), "episodes": ((int, str), "target count or \"unbounded\""),
+            "seed": ((int,), "job seed"), "max_attempts": ((int,), "attempts per episode"),
+            "workers": ((int,), "env worker threads"), "num_envs": ((int,), "vector rows per worker"),
+            "queue_frames": ((int,), "queue capacity"), "options": ((dict,), "task options table")},
+    "video": {"codec": ((str,), "codec"), "crf": ((int,), "quality"), "g": ((int,), "keyframe interval"),
+              "preset": ((int, str), "encoder preset"), "encoder_threads": ((int,), "threads per encoder")},
+    "store": {"dir": ((str,), "staging store directory")},
+    "export": {"dir": ((str,), "LeRobot dataset directory"), "every_episodes": ((int,), "episodes between exports"),
+               "every_seconds": ((int, float), "seconds between exports"), "repo_id": ((str,), "dataset repo id")},
+    "metrics": {"address": ((str,), "HOST:PORT for Prometheus metrics, or \"off\"")},
+    "disk": {"min_free_mb": ((int,), "pause generation below this free space"),
+             "check_seconds": ((int, float), "how often free space is checked")},
+    "shutdown": {"deadline_seconds": ((int, float), "graceful stop deadline")},
+    "log": {"json": ((bool,), "structured JSON log lines")},
+}
+
+
+def _check_types(raw: Mapping[str, Any]) -> None:
+    for section, table in raw.items():
+        if section not in _SCHEMA:
+            raise DaemonConfigError(f"unknown section [{section}]; known: {', '.join(_SCHEMA)}")
+        if not isinstance(table, Mapping):
+            raise DaemonConfigError(f"[{section}] must be a table")
+        for key, value in table.items():
+            spec = _SCHEMA[section].get(key)
+            if spec is None:
+                raise DaemonConfigError(f"unknown key {section}.{key}; known keys of [{section}]: "
+                                        f"{', '.join(_SCHEMA[section])}")
+            types, what = spec
+            if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+                raise DaemonConfigError(f"{section}.{key} ({what}) must be "
+                                        f"{' or '.join(t.__name__ for t in types)}, got {value!r}")
+
+
+def load_config(path: Path | str, overrides: Mapping[str, Any] | None = None) -> DaemonConfig:
+    """Read a job file; ``overrides`` maps dotted keys (``"job.episodes"``) to values from the CLI."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise DaemonConfigError(f"job file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise DaemonConfigError(f"job file {path} is not valid TOML: {exc}") from None
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        raw.setdefault(section, {})[key] = value
+    _check_types(raw)
+    return _build(raw, path.resolve().parent)
+
+
+def _require(raw: Mapping[str, Any], section: str, key: str) -> Any:
+    try:
+        return raw[section][key]
+    except KeyError:
+        raise DaemonConfigError(f"missing required key {section}.{key} ({_SCHEMA[section][key][1]})") from None
+
+
+def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
+    job, video = raw.get("job", {}), raw.get("video", {})
+    episodes = job.get("episodes", "unbounded")
+    unbounded = episodes == "unbounded"
+    if isinstance(episodes, str) and not unbounded:
+        raise DaemonConfigError(f"job.episodes must be a positive integer or \"unbounded\", got {episodes!r}")
+    try:
+        settings = VideoSettings(**{k: v for k, v in video.items()})
+        spec = JobSpec(task=_require(raw, "job", "task"),
+                       episodes=UNBOUNDED_EPISODES if unbounded else int(episodes),
+                       task_options=dict(job.get("options", {})), seed=job.get("seed", 0),
+                       max_attempts=job.get("max_attempts", 3), workers=job.get("workers", 1),
+                       num_envs=job.get("num_envs", 1), queue_frames=job.get("queue_frames", 32), video=settings)
+        from demoforge.pipeline.tasks.registry import get_task
+
+        get_task(spec.task).resolve_options(spec.task_options)
+    except (JobConfigError, ValueError, KeyError) as exc:
+        if isinstance(exc, DaemonConfigError):
+            raise
+        raise DaemonConfigError(f"[job]/[video]: {exc}") from None
+    export = raw.get("export", {})
+    metrics = raw.get("metrics", {}).get("address", "127.0.0.1:9464")
+    host, port = "127.0.0.1", None
+    if metrics != "off":
+        host, sep, port_text = metrics.rpartition(":")
+        if not sep or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+            raise DaemonConfigError(f"metrics.address must be HOST:PORT or \"off\", got {metrics!r}")
+        port = int(port_text)
+    disk = raw.get("disk", {})
+    numbers = {"export.every_episodes": export.get("every_episodes", 50),
+               "export.every_seconds": export.get("every_seconds", 600.0),
+               "disk.min_free_mb": disk.get("min_free_mb", 1024),
+               "disk.check_seconds": disk.get("check_seconds", 5.0),
+               "shutdown.deadline_seconds": raw.get("shutdown", {}).get("deadline_seconds", 60.0)}
+    for key, value in numbers.items():
+        if value < 0 or (key != "disk.min_free_mb" and value == 0):
+            raise DaemonConfigError(f"{key} must be positive, got {value!r}")
+
+    def resolve(p: str) -> Path:
+        if "\x00" in p:
+            raise DaemonConfigError(f"path {p!r} contains a NUL byte")
+        path = Path(p).expanduser()
+        return path if path.is_absolute() else base / path
+
+    return DaemonConfig(
+        spec=spec, store=resolve(_require(raw, "store", "dir")),
+        export_dir=resolve(export["dir"]) if "dir" in export else None,
+        export_every_episodes=int(numbers["export.every_episodes"]),
+        export_every_seconds=float(numbers["export.every_seconds"]), repo_id=export.get("repo_id"),
+        metrics_host=host or "127.0.0.1", metrics_port=port, min_free_mb=int(numbers["disk.min_free_mb"]),
+        disk_check_seconds=float(numbers["disk.check_seconds"]),
+        shutdown_deadline_seconds=float(numbers["shutdown.deadline_seconds"]),
+        json_logs=bool(raw.get("log", {}).get("json", False)), unbounded=unbounded)

@@ -1,0 +1,238 @@
+"""The generation daemon as a real subprocess: metrics over HTTP, signals, restart, lock, config errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from demoforge.pipeline.daemon_config import DaemonConfigError, load_config
+from demoforge.storage.catalog import Catalog
+from demoforge.storage.validate import validate_dataset
+from helpers import cli_env, demoforge_argv
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_job(tmp_path: Path, episodes="unbounded", step_sleep=0.01, every=5, extra="") -> tuple[Path, int]:
+    port = free_port()
+    episodes_toml = f'"{episodes}"' if isinstance(episodes, str) else str(episodes)
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+[job]
+task = "toy-point"
+episodes = {episodes_toml}
+options = {{ steps = 20, size = 32, step_sleep = {step_sleep} }}
+[video]
+codec = "h264"
+[store]
+dir = "store"
+[export]
+dir = "dataset"
+every_episodes = {every}
+every_seconds = 600
+[metrics]
+address = "127.0.0.1:{port}"
+[disk]
+min_free_mb = 1
+check_seconds = 0.2
+[shutdown]
+deadline_seconds = 5
+{extra}
+""")
+    return path, port
+
+
+def start(job: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(demoforge_argv("daemon", "--config", str(job), "--json-logs", *args), env=cli_env(**env),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def wait_for(predicate, timeout=90.0, every=0.25):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (OSError, KeyError):
+            pass
+        time.sleep(every)
+    raise AssertionError("condition not met in time")
+
+
+def events(stderr: str) -> list[dict]:
+    return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+
+
+def committed(store: Path) -> list:
+    catalog = Catalog(store)
+    try:
+        return catalog.attempts(("committed", "exported")), catalog.attempts(("staging",))
+    finally:
+        catalog.close()
+
+
+def test_metrics_show_progress_and_sigterm_stops_gracefully(tmp_path):
+    job, port = write_job(tmp_path)
+    proc = start(job)
+    try:
+        first = wait_for(lambda: (m := scrape(port)).get("demoforge_episodes_committed_total", 0) >= 2 and m)
+        later = wait_for(lambda: (m := scrape(port))["demoforge_episodes_committed_total"]
+                         > first["demoforge_episodes_committed_total"] and m)
+        assert later["demoforge_frames_total"] > first["demoforge_frames_total"]
+        assert 'demoforge_queue_depth{queue="step->encode"}' in later
+        assert later['demoforge_stage_busy_seconds{stage="step"}'] > 0
+        wait_for(lambda: scrape(port)["demoforge_exported_episodes"] >= 5)  # a periodic export happened
+        status = subprocess.run(demoforge_argv("status", "--store", str(tmp_path / "store"), "--json"),
+                                env=cli_env(), capture_output=True, text=True, timeout=60)
+        assert json.loads(status.stdout)["attempts_by_state"]  # status works while the daemon runs
+        stopped_at = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    log = events(err)
+    names = [e["event"] for e in log]
+    assert names[0] == "started" and "stopping" in names and names[-1] == "stopped"
+    stop_to_export = next(e["ts"] for e in log if e["event"] == "export" and e["why"] == "final")
+    stopping = next(e["ts"] for e in log if e["event"] == "stopping")
+    assert stop_to_export - stopping <= 5 + 2  # the deadline plus a little
+    assert time.monotonic() - stopped_at < 60
+    rows, staging = committed(tmp_path / "store")
+    assert not staging  # no partial episode left
+    report = validate_dataset(tmp_path / "dataset")
+    assert report.status == 0 and report.episodes == len(rows)  # the final export holds every committed episode
+
+
+def test_sigkill_then_restart_resumes_and_keeps_every_committed_episode(tmp_path):
+    job, port = write_job(tmp_path, episodes=12)
+    proc = start(job)
+    wait_for(lambda: scrape(port).get("demoforge_episodes_committed_total", 0) >= 3)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    before = {r.episode_id: r.content_hash for r in committed(tmp_path / "store")[0]}
+    assert len(before) >= 3
+    proc = start(job)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    rows, staging = committed(tmp_path / "store")
+    after = {r.episode_id: r.content_hash for r in rows}
+    assert len(after) == 12 and not staging
+    assert all(after[k] == v for k, v in before.items())
+    assert validate_dataset(tmp_path / "dataset").episodes == 12
+
+
+def test_second_daemon_on_the_same_store_is_refused(tmp_path):
+    job, port = write_job(tmp_path)
+    proc = start(job)
+    try:
+        wait_for(lambda: scrape(port).get("demoforge_attempts_total", 0) >= 1)
+        second = subprocess.run(demoforge_argv("daemon", "--config", str(job), "--metrics-address", "off"),
+                                env=cli_env(), capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2
+        assert "another demoforge process is writing" in second.stderr
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+
+
+def test_second_signal_stops_at_once(tmp_path):
+    job, port = write_job(tmp_path, step_sleep=0.05, extra="")
+    job.write_text(job.read_text().replace("deadline_seconds = 5", "deadline_seconds = 120"))
+    proc = start(job)
+    try:
+        wait_for(lambda: scrape(port).get("demoforge_attempts_total", 0) >= 1)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and time.monotonic() - sent < 30
+    assert "stopping_now" in [e["event"] for e in events(err)]
+    rows, staging = committed(tmp_path / "store")
+    assert not staging
+
+
+def test_low_disk_space_pauses_and_resumes_generation(tmp_path):
+    job, port = write_job(tmp_path)
+    job.write_text(job.read_text().replace("min_free_mb = 1", "min_free_mb = 500"))
+    free = tmp_path / "free_mb"
+    free.write_text("100")
+    proc = start(job, DEMOFORGE_FREE_SPACE_FILE=str(free))
+    try:
+        wait_for(lambda: scrape(port)["demoforge_generation_paused"] == 1)
+        held = scrape(port)["demoforge_episodes_committed_total"]
+        time.sleep(2)
+        assert scrape(port)["demoforge_episodes_committed_total"] <= held + 1  # at most the in-flight one
+        free.write_text("100000")
+        wait_for(lambda: scrape(port)["demoforge_generation_paused"] == 0)
+        wait_for(lambda: scrape(port)["demoforge_episodes_committed_total"] > held + 2)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    names = [e["event"] for e in events(err)]
+    assert "generation_paused" in names and "generation_resumed" in names
+
+
+@pytest.mark.parametrize("body, message", [
+    ('[job]\ntask = "toy-point"\nepisods = 3\n[store]\ndir = "s"\n', "unknown key job.episods"),
+    ('[job]\ntask = "toy-point"\nepisodes = -1\n[store]\ndir = "s"\n', "episodes"),
+    ('[job]\ntask = "toy-point"\n[store]\ndir = "s"\n[metrics]\naddress = "nowhere"\n', "metrics.address"),
+    ('[job]\ntask = "toy-point"\n[stor]\ndir = "s"\n', "unknown section [stor]"),
+    ('[job]\ntask = "toy-point"\nworkers = "two"\n[store]\ndir = "s"\n', "job.workers"),
+    ('[job]\ntask = "toy-point"\noptions = { size = "big" }\n[store]\ndir = "s"\n', "size"),
+    ('[job]\ntask = "toy-point"\n', "missing required key store.dir"),
+    ('job = [\n', "not valid TOML"),
+])
+def test_invalid_job_files_are_refused_naming_the_key(tmp_path, body, message):
+    import toy_tasks  # noqa: F401
+
+    path = tmp_path / "bad.toml"
+    path.write_text(body)
+    with pytest.raises(DaemonConfigError) as info:
+        load_config(path)
+    assert message in str(info.value)
+
+
+def test_invalid_job_file_exits_2_naming_the_key(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[job]\ntask = "toy-point"\nepisods = 3\n[store]\ndir = "s"\n')
+    result = subprocess.run(demoforge_argv("daemon", "--config", str(path)), env=cli_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and "unknown key job.episods" in result.stderr
+    assert not (tmp_path / "s").exists()  # nothing was created
+
+
+def test_example_job_file_in_docs_is_valid():
+    config = load_config(Path(__file__).resolve().parent.parent / "docs" / "daemon.example.toml")
+    assert config.spec.task == "fetch-pick-place" and config.export_dir is not None
