@@ -50,6 +50,11 @@ class EpisodeLayout:
     chunk_frames: int = 64
 
 
+# zarr skips writing a chunk whose values all equal the fill value; a committed chunk of all-zero rewards
+# must still exist on disk, or it could not be told apart from a lost one.
+_WRITE_EVERY_CHUNK = {"write_empty_chunks": True}
+
+
 def _numeric_codecs() -> dict:
     return {"compressors": [ZstdCodec(level=3), Crc32cCodec()], "serializer": BytesCodec()}
 
@@ -115,7 +120,7 @@ class EpisodeWriter:
 
         def numeric(name: str, shape: tuple[int, ...], dtype: str) -> None:
             arr = group.create_array(name, shape=(MAX_FRAMES, *shape), chunks=(c, *shape), dtype=dtype,
-                                     fill_value=0, **_numeric_codecs())
+                                     fill_value=0, config=_WRITE_EVERY_CHUNK, **_numeric_codecs())
             self._numeric[name] = _ChunkBuffer(arr, c, shape, np.dtype(dtype))
 
         for feature, shape in layout.state_shapes.items():
@@ -127,7 +132,7 @@ class EpisodeWriter:
         for camera in layout.cameras:
             arr = group.create_array(f"video/{camera}", shape=(MAX_VIDEO_BYTES,), chunks=(VIDEO_CHUNK_BYTES,),
                                      dtype="uint8", fill_value=0, compressors=[Crc32cCodec()],
-                                     serializer=BytesCodec())
+                                     serializer=BytesCodec(), config=_WRITE_EVERY_CHUNK)
             self._video[camera] = _ByteStream(arr)
         self.frames = 0
 

@@ -328,3 +328,26 @@ def test_annotations_are_stored_in_contract_order(tmp_path):
     cols = {k: ann[:, i] for i, k in enumerate(ANNOTATION_KEYS)}
     assert cols["segment_start"].sum() == 2 and cols["segment_end"].sum() == 2 and cols["terminated"][-1] == 1
     catalog.close()
+
+
+def test_all_zero_chunks_are_written_and_verify(tmp_path):
+    """Zero rewards and zero actions fill whole chunks with the fill value; they must still be on disk."""
+    class Still(toy_tasks.CameraPointEnv):
+        def create_demo_segments(self):
+            from demoforge.pipeline.contract import Segment
+            yield Segment(actions=[np.zeros(1, np.float32)] * 70, name="wait")
+
+        def step(self, action):
+            obs, _reward, terminated, truncated, info = super().step(action)
+            return obs, 0.0, terminated, truncated, info
+
+    from demoforge.pipeline.tasks.registry import TaskEntry, register
+
+    register(TaskEntry(name="toy-still", defaults=toy_tasks.DEFAULTS, describe=lambda o: toy_tasks._info(o),
+                       make_env=lambda o: Still(dict(o))))
+    run_job(JobSpec(task="toy-still", episodes=1, video=H264), tmp_path / "store")
+    catalog, staging = open_staging(tmp_path / "store")
+    assert verify_store(catalog, staging).ok
+    row = catalog.committed()[0]
+    assert not staging.read_episode(row.episode_id, row.frames, row.video_bytes).reward.any()
+    catalog.close()
