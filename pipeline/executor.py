@@ -340,7 +340,7 @@ class _Rows:
         self.n = len(self.row_envs)
         self._initialized = False
 
-    def reset_row(self, row: int, seed: int) -> tuple[Any, dict[str, Any]]:
+    def reset_row(self, row: int, seed: int | None) -> tuple[Any, dict[str, Any]]:
         if not self.vector:
             return self.env.reset(seed=seed)
         seeds = [seed if i == row else None for i in range(self.n)]
@@ -516,9 +516,13 @@ class Executor:
                         yield from settle(row)
                 continue
             for row, att in enumerate(attempts):
-                if att is None:
-                    continue
                 obs, reward, terminated, truncated, info = results[row]
+                if att is None:
+                    if terminated or truncated:
+                        # A holding row ran into its env's step limit: reset it quietly (nothing of it is
+                        # recorded), or stepping it again would step a finished episode.
+                        self.rows.reset_row(row, None)
+                    continue
                 try:
                     frame = att.after_step(obs, reward, terminated, truncated, info)
                 except DemoError as exc:

@@ -360,3 +360,13 @@ def test_autoreset_vector_env_is_refused():
     vec = gym.vector.SyncVectorEnv([lambda: PointEnv()] * 2)
     with pytest.raises(TaskProtocolError, match="AutoresetMode.DISABLED"):
         Executor(vec, task="t")
+
+
+def test_a_holding_row_that_hits_its_step_limit_is_reset_quietly():
+    """Row 0 finishes early and holds while row 1 runs past row 0's step limit."""
+    short, long = PointEnv([SegSpec("a", 2)], max_steps=4), PointEnv([SegSpec("a", 9)], max_steps=50)
+    vec = gym.vector.SyncVectorEnv([lambda: short, lambda: long], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+    frames, ended = split(list(run_episodes(vec, task="toy", episodes=2)))
+    assert all(e.result.committable for e in ended)
+    assert sorted(e.frames for e in ended) == [2, 9]
+    assert short.resets >= 2  # reset again while holding, unrecorded

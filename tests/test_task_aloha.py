@@ -1,0 +1,138 @@
+"""The built-in "aloha-transfer-cube" task on the real gym-aloha simulator.
+
+One module-scoped env runs ten episodes once (small images keep it quick); the tests read its records.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+from collections.abc import Iterator  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from demoforge.pipeline.executor import run_episodes  # noqa: E402
+from demoforge.pipeline.records import AttemptEnded, Frame  # noqa: E402
+from demoforge.pipeline.tasks.registry import TaskOptionError, get_task  # noqa: E402
+
+TASK = "aloha-transfer-cube"
+OPTIONS = {"image_height": 48, "image_width": 64}  # unequal sides catch a swapped height/width
+EPISODES = 10
+SEGMENTS = ("reach_above_cube", "descend", "grasp", "lift_to_meet", "move_to_meet", "handover", "retreat")
+
+pytestmark = pytest.mark.slow
+
+
+def run(env: Any, episodes: int) -> list[Any]:
+    return list(run_episodes(env, task=TASK, episodes=episodes, job_seed=0, max_attempts=1))
+
+
+def frames_of(records: list[Any], episode: int) -> list[Frame]:
+    return [r for r in records if isinstance(r, Frame) and r.key.episode_index == episode]
+
+
+def ended(records: list[Any]) -> list[AttemptEnded]:
+    return [r for r in records if isinstance(r, AttemptEnded)]
+
+
+@pytest.fixture(scope="module")
+def aloha() -> Iterator[tuple[Any, list[Any]]]:
+    env = get_task(TASK).build(OPTIONS)
+    # Multisampling is most of the CPU render cost; it changes edge pixels, not what these tests check.
+    env.physics.model.vis.quality.offsamples = 0
+    try:
+        yield env, run(env, EPISODES)
+    finally:
+        env.close()
+
+
+def test_most_seeds_end_committable(aloha):
+    _env, records = aloha
+    results = [r.result for r in ended(records)]
+    assert len(results) == EPISODES
+    ok = sum(r.committable for r in results)
+    assert ok >= EPISODES - 1, [(r.episode_index, r.failure_reason) for r in results]
+
+
+def test_segments_in_order_and_spans_cover_the_episode(aloha):
+    _env, records = aloha
+    for end in ended(records):
+        result = end.result
+        if not result.committable:
+            continue
+        assert tuple(s.name for s in result.segments) == SEGMENTS
+        assert result.segments[0].start_step == 0
+        for before, after in zip(result.segments, result.segments[1:]):
+            assert before.end_step == after.start_step and before.length > 0
+        assert result.segments[-1].end_step == result.length == end.frames
+        assert all(s.success and s.target == "cube" and s.instruction for s in result.segments)
+        frames = frames_of(records, result.episode_index)
+        assert [f.annotations.segment_id for f in frames] == [
+            s.segment_id for s in result.segments for _ in range(s.length)]
+
+
+def test_same_episode_twice_is_identical(aloha):
+    """Episode 0 rerun after nine other episodes on the same env: identical actions and images."""
+    env, records = aloha
+    first, again = frames_of(records, 0), frames_of(run(env, 1), 0)
+    assert len(first) == len(again) > 0
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a.action, b.action)
+        np.testing.assert_array_equal(a.state["observation.state"], b.state["observation.state"])
+        np.testing.assert_array_equal(a.images["top"], b.images["top"])
+
+
+def test_task_info_matches_the_frames(aloha):
+    env, records = aloha
+    info = get_task(TASK).info(OPTIONS)
+    frame = frames_of(records, 0)[0]
+    assert [(c.name, c.height, c.width) for c in info.cameras] == [("top", 48, 64)]
+    assert set(frame.images) == {"top"}
+    assert frame.images["top"].shape == (48, 64, 3) and frame.images["top"].dtype == np.uint8
+    assert {k: v.shape for k, v in frame.state.items()} == dict(info.state_shapes) == {"observation.state": (14,)}
+    assert frame.state["observation.state"].dtype == np.float32
+    assert frame.action.shape == info.action_shape == (14,)
+    assert info.segment_names == SEGMENTS and info.fps == 50 and len(info.action_names) == 14
+
+
+def test_only_the_top_camera_is_rendered(aloha):
+    env, _records = aloha
+    physics = env.physics
+    calls: list[tuple[Any, ...]] = []
+    render = physics.render
+
+    def spy(*args: Any, **kwargs: Any) -> np.ndarray:
+        calls.append((kwargs.get("camera_id"), kwargs.get("height"), kwargs.get("width")))
+        return render(*args, **kwargs)
+
+    physics.render = spy
+    try:
+        env.reset(seed=1)
+        hold = env.demo_hold_action()
+        for _ in range(2):
+            _obs, _reward, terminated, _truncated, _info = env.step(hold)
+            assert not terminated
+    finally:
+        del physics.render
+    assert calls == [("top", 48, 64)] * 3
+
+
+def test_hold_action_keeps_the_arms_still(aloha):
+    env, _records = aloha
+    obs, _ = env.reset(seed=2)
+    for _ in range(30):  # let the arms settle on the start targets
+        obs, *_ = env.step(env.demo_hold_action())
+    before = np.asarray(obs["agent_pos"]).copy()
+    for _ in range(10):
+        obs, *_ = env.step(env.demo_hold_action())
+    np.testing.assert_allclose(obs["agent_pos"], before, atol=2e-3)
+
+
+@pytest.mark.parametrize("options", [{"image_height": 16}, {"image_width": 2000}, {"shadows": 1}])
+def test_bad_options_are_refused(options):
+    with pytest.raises(TaskOptionError):
+        get_task(TASK).info(options)
