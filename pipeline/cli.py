@@ -104,7 +104,7 @@ def _job_spec(args: argparse.Namespace):
     video = VideoSettings(codec=args.codec, crf=args.crf, g=args.gop, encoder_threads=args.encoder_threads)
     return JobSpec(task=args.task, episodes=args.episodes, task_options=_parse_options(args.option),
                    seed=args.seed, max_attempts=args.max_attempts, workers=args.workers, num_envs=args.num_envs,
-                   video=video, queue_frames=args.queue_frames)
+                   video=video, queue_frames=args.queue_frames, step_timeout_s=args.step_timeout or None)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -317,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gop", type=int, default=2, help="keyframe interval")
     p.add_argument("--encoder-threads", type=int, default=None)
     p.add_argument("--queue-frames", type=int, default=32, help="capacity of each inter-stage queue")
+    p.add_argument("--step-timeout", type=float, default=60.0,
+                   help="seconds an env call may take before its attempt is aborted (0: no limit)")
     p.add_argument("--export", type=Path, default=None, metavar="DATASET_DIR",
                    help="when the target is reached, export to this LeRobot dataset")
     p.add_argument("--repo-id", default=None, help="repo id recorded in the exported dataset")

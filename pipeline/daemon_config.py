@@ -40,7 +40,8 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
     "job": {"task": ((str,), "task name"), "episodes": ((int, str), "target count or \"unbounded\""),
             "seed": ((int,), "job seed"), "max_attempts": ((int,), "attempts per episode"),
             "workers": ((int,), "env worker threads"), "num_envs": ((int,), "vector rows per worker"),
-            "queue_frames": ((int,), "queue capacity"), "options": ((dict,), "task options table")},
+            "queue_frames": ((int,), "queue capacity"), "options": ((dict,), "task options table"),
+            "step_timeout_seconds": ((int, float), "seconds an env call may take before its attempt is aborted")},
     "video": {"codec": ((str,), "codec"), "crf": ((int,), "quality"), "g": ((int,), "keyframe interval"),
               "preset": ((int, str), "encoder preset"), "encoder_threads": ((int,), "threads per encoder")},
     "store": {"dir": ((str,), "staging store directory")},
@@ -106,7 +107,8 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
                        episodes=UNBOUNDED_EPISODES if unbounded else int(episodes),
                        task_options=dict(job.get("options", {})), seed=job.get("seed", 0),
                        max_attempts=job.get("max_attempts", 3), workers=job.get("workers", 1),
-                       num_envs=job.get("num_envs", 1), queue_frames=job.get("queue_frames", 32), video=settings)
+                       num_envs=job.get("num_envs", 1), queue_frames=job.get("queue_frames", 32), video=settings,
+                       step_timeout_s=float(job.get("step_timeout_seconds", 60.0)))
         from demoforge.pipeline.tasks.registry import get_task
 
         get_task(spec.task).resolve_options(spec.task_options)

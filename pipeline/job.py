@@ -84,12 +84,16 @@ class JobSpec:
     video: VideoSettings = field(default_factory=VideoSettings)
     chunk_frames: int = 64
     queue_frames: int = 32
+    step_timeout_s: float | None = 60.0  # an env call that takes longer aborts the attempt (not in the fingerprint)
 
     def __post_init__(self) -> None:
         checks = {"episodes": (self.episodes, 0, 10_000_000), "max_attempts": (self.max_attempts, 1, 1000),
                   "workers": (self.workers, 1, 64), "num_envs": (self.num_envs, 1, 256),
                   "chunk_frames": (self.chunk_frames, 1, 100_000), "queue_frames": (self.queue_frames, 1, 100_000),
                   "seed": (self.seed, 0, 2**32 - 1)}
+        if self.step_timeout_s is not None and not (isinstance(self.step_timeout_s, (int, float))
+                                                    and 0 < self.step_timeout_s <= 86400):
+            raise JobConfigError(f"step_timeout_s must be in (0, 86400] seconds or None, got {self.step_timeout_s!r}")
         for name, (value, lo, hi) in checks.items():
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise JobConfigError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")

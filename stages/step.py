@@ -3,6 +3,12 @@
 A worker blocks on the bounded record stream when later stages are slower (backpressure reaches the env).
 MuJoCo's EGL context is bound to the thread that created it, so each worker builds, steps and closes its
 own env in its own thread.
+
+A watchdog guards against an env that hangs (a step, reset or build that never returns): when a worker has
+been inside env or task code for longer than ``step_timeout_s``, its in-flight attempts end as errors
+(``StepTimeoutError``, discarded and counted), their episodes move to a fresh worker with a fresh env, and
+the hung thread is abandoned: Python cannot kill a thread, so it is left blocked and whatever it does if it
+ever returns is dropped.
 """
 
 from __future__ import annotations
@@ -10,14 +16,21 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import gymnasium as gym
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from demoforge.pipeline.contract import EnvError, EpisodeResult, TerminalReason
 from demoforge.pipeline.executor import PENDING, EpisodeAssignment, Executor, _Pending
-from demoforge.pipeline.records import Record
+from demoforge.pipeline.records import AttemptEnded, AttemptKey, AttemptStarted, EpisodeAbandoned, Frame, Record
+
+
+class StepTimeoutError(EnvError):
+    """The env did not return within the step timeout; the attempt was aborted."""
 
 
 def build_env(make_row_env: Callable[[], gym.Env], num_envs: int) -> gym.Env | gym.vector.VectorEnv:
@@ -26,49 +39,139 @@ def build_env(make_row_env: Callable[[], gym.Env], num_envs: int) -> gym.Env | g
     return gym.vector.SyncVectorEnv([make_row_env] * num_envs, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
 
 
-class _StreamWork:
-    """The executor's work source, fed from the plan stage's stream across the thread boundary."""
+class _Abandoned(Exception):
+    """Raised inside an abandoned worker thread to unwind it without sending anything."""
 
-    def __init__(self, receive: MemoryObjectReceiveStream[EpisodeAssignment], stop: threading.Event) -> None:
+
+@dataclass
+class _Worker:
+    """What the watchdog knows of one worker thread."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    busy_since: float | None = None  # set while inside env/task code, None while waiting on a stream
+    abandoned: bool = False
+    finished: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    active: dict[AttemptKey, list[int]] = field(default_factory=dict)  # key -> [seed, row, frames]
+
+    def idle(self) -> None:
+        """Leave env code; unwinds the thread if the watchdog gave up on it meanwhile."""
+        with self.lock:
+            self.busy_since = None
+            if self.abandoned:
+                raise _Abandoned
+
+    def busy(self) -> None:
+        self.busy_since = time.monotonic()
+
+    def track(self, record: Record) -> None:
+        if isinstance(record, AttemptStarted):
+            self.active[record.key] = [record.seed, record.row, 0]
+        elif isinstance(record, Frame) and record.key in self.active:
+            self.active[record.key][2] += 1
+        elif isinstance(record, AttemptEnded):
+            self.active.pop(record.key, None)
+
+
+class _StreamWork:
+    """The executor's work source: episodes taken over from a hung worker first, then the plan stream."""
+
+    def __init__(self, receive: MemoryObjectReceiveStream[EpisodeAssignment], stop: threading.Event,
+                 worker: _Worker, token: object, carry: list[EpisodeAssignment]) -> None:
         self.receive = receive
         self.stop = stop
+        self.worker = worker
+        self.token = token
+        self.carry = carry
 
     def next_episode(self, wait: bool = True) -> EpisodeAssignment | None | _Pending:
+        if self.carry:
+            return self.carry.pop(0)
         if self.stop.is_set():
             return None
+        self.worker.idle()
         try:
             if wait:
-                return anyio.from_thread.run(self.receive.receive)
-            return anyio.from_thread.run_sync(self.receive.receive_nowait)
+                return anyio.from_thread.run(self.receive.receive, token=self.token)
+            return anyio.from_thread.run_sync(self.receive.receive_nowait, token=self.token)
         except anyio.WouldBlock:
             return PENDING
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             return None
+        finally:
+            self.worker.busy()
 
 
 async def step_stage(worker: int, make_row_env: Callable[[], gym.Env], *, task: str, num_envs: int,
                      job_seed: int, max_attempts: int, assignments: MemoryObjectReceiveStream[EpisodeAssignment],
                      send: MemoryObjectSendStream[Record], stop: threading.Event, delay_s: float = 0.0,
-                     busy: dict[str, float] | None = None) -> None:
+                     busy: dict[str, float] | None = None, step_timeout_s: float | None = None) -> None:
     """Run one env worker until the plan runs dry or ``stop`` is set; in-flight attempts end interrupted.
 
     ``busy["step:<worker>"]`` accumulates the time spent producing records (not waiting downstream)."""
+    token = anyio.lowlevel.current_token()
+    busy_key = f"step:{worker}"
+    carry: list[EpisodeAssignment] = []
 
-    def work() -> None:
-        env = build_env(make_row_env, num_envs)
+    def work(state: _Worker, carried: list[EpisodeAssignment]) -> None:
+        env = None
         try:
+            state.busy()
+            env = build_env(make_row_env, num_envs)
             executor = Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts,
-                                interrupt=stop.is_set, worker=worker)
-            mark = time.perf_counter()
-            for record in executor.run(_StreamWork(assignments, stop)):
-                if busy is not None:
-                    busy[f"step:{worker}"] = busy.get(f"step:{worker}", 0.0) + time.perf_counter() - mark
-                anyio.from_thread.run(send.send, record)
+                                interrupt=lambda: stop.is_set() or state.abandoned, worker=worker)
+            for record in executor.run(_StreamWork(assignments, stop, state, token, carried)):
+                started = state.busy_since
+                state.idle()
+                if busy is not None and started is not None:
+                    busy[busy_key] = busy.get(busy_key, 0.0) + time.monotonic() - started
+                state.track(record)
+                anyio.from_thread.run(send.send, record, token=token)
                 if delay_s:
                     stop.wait(delay_s)
-                mark = time.perf_counter()
+                state.busy()
+        except _Abandoned:
+            return
+        except BaseException as exc:  # reported to the event loop, which re-raises it there
+            state.error = exc
         finally:
-            env.close()
+            state.busy_since = None
+            if env is not None and not state.abandoned:
+                env.close()
+            state.finished.set()
 
     async with send, assignments:
-        await anyio.to_thread.run_sync(work)
+        while True:
+            state = _Worker()
+            carried, carry = carry, []
+            thread = threading.Thread(target=work, args=(state, carried), name=f"env-worker-{worker}", daemon=True)
+            thread.start()
+            while not state.finished.is_set():
+                await anyio.sleep(0.05 if step_timeout_s is None else min(0.05, step_timeout_s / 4))
+                if step_timeout_s is not None:
+                    with state.lock:
+                        since = state.busy_since
+                        if since is not None and time.monotonic() - since > step_timeout_s:
+                            state.abandoned = True
+                if state.abandoned:
+                    break
+            if not state.abandoned:
+                await anyio.to_thread.run_sync(thread.join)
+                if state.error is not None:
+                    raise state.error
+                return
+            # The env hung: end its attempts as errors and hand their episodes to a fresh worker, with the
+            # episodes it had taken over and not started yet.
+            carry = list(carried)
+            for key, (seed, row, frames) in sorted(state.active.items()):
+                error = StepTimeoutError(f"the env did not return within {step_timeout_s:g} s; attempt aborted and "
+                                         "the worker replaced", task=task)
+                await send.send(AttemptEnded(key=key, frames=frames, result=EpisodeResult(
+                    task=task, episode_index=key.episode_index, attempt=key.attempt, seed=seed, row=row,
+                    length=frames, completed=False, success=False, terminated=False, truncated=False,
+                    terminal_reason=TerminalReason.ERROR, segments=(), error=str(error),
+                    error_type=type(error).__name__)))
+                if key.attempt + 1 < max_attempts:
+                    carry.append(EpisodeAssignment(key.episode_index, key.attempt + 1))
+                else:
+                    await send.send(EpisodeAbandoned(key.episode_index, key.attempt + 1, str(error)))
