@@ -1,0 +1,37 @@
+"""The `tasks` and `run` commands as a user runs them."""
+
+import json
+
+import pytest
+
+from helpers import run_cli
+
+
+def test_tasks_lists_both_builtin_tasks_with_their_shapes():
+    result = run_cli("tasks", "--json")
+    assert result.returncode == 0, result.stderr
+    tasks = {t["name"]: t for t in json.loads(result.stdout)}
+    assert tasks["fetch-pick-place"]["cameras"] == {"front": [224, 224, 3]}
+    assert tasks["fetch-pick-place"]["action_shape"] == [4]
+    assert tasks["fetch-pick-place"]["segments"][:5] == ["reach_0", "descend_0", "grasp_0", "carry_0", "release_0"]
+    assert tasks["aloha-transfer-cube"]["cameras"] == {"top": [224, 224, 3]}
+    assert tasks["aloha-transfer-cube"]["action_shape"] == [14]
+    human = run_cli("tasks")
+    assert "fetch-pick-place" in human.stdout.replace("\n", "").replace("│", "").replace(" ", "") or \
+        "fetch-pick" in human.stdout
+
+
+@pytest.mark.slow
+def test_run_prints_each_episodes_segments():
+    result = run_cli("run", "--task", "fetch-pick-place", "--episodes", "2", "--option", "cycles=1",
+                     "--option", "image_size=64")
+    assert result.returncode == 0, result.stderr
+    assert "reach_0[" in result.stdout and "release_0[" in result.stdout
+    assert "committable=2" in result.stdout
+
+
+def test_unknown_task_and_bad_option_are_clear_errors():
+    unknown = run_cli("run", "--task", "no-such-task", "--episodes", "1")
+    assert unknown.returncode == 2 and "unknown task 'no-such-task'" in unknown.stderr
+    bad = run_cli("run", "--task", "fetch-pick-place", "--episodes", "1", "--option", "cycle=2")
+    assert bad.returncode == 2 and "has no option 'cycle'" in bad.stderr
