@@ -71,3 +71,19 @@ class JobMetrics:
             thread.join(timeout=5)
 
         return close
+
+
+def scrape(url: str, timeout: float = 5.0) -> dict[str, float]:
+    """Read a /metrics page into ``{'name{label="v"}': value}`` with prometheus_client's own parser."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values

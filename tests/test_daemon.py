@@ -7,12 +7,12 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from demoforge.pipeline.daemon_config import DaemonConfigError, load_config
+from demoforge.pipeline.metrics import scrape as scrape_metrics
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.validate import validate_dataset
 from helpers import cli_env, demoforge_argv
@@ -61,14 +61,7 @@ def start(job: Path, *args: str, **env: str) -> subprocess.Popen[str]:
 
 
 def scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            values[name] = float(value)
-    return values
+    return scrape_metrics(f"http://127.0.0.1:{port}/metrics")
 
 
 def wait_for(predicate, timeout=90.0, every=0.25):

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,14 +38,9 @@ def rss_mb(pid: int) -> float:
 
 
 def scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+    from demoforge.pipeline.metrics import scrape as scrape_metrics
+
+    return scrape_metrics(f"http://127.0.0.1:{port}/metrics")
 
 
 def write_job(folder: Path, task: str, options: str, codec: str, port: int, export_every: int) -> Path:
