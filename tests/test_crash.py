@@ -47,7 +47,11 @@ def test_sigkill_at_random_moments_never_loses_or_alters_committed_episodes(tmp_
         proc = subprocess.Popen(demoforge_argv(*ARGS, "--store", str(store)),
                                 env=cli_env(DEMOFORGE_STAGE_DELAY=profile), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(1.5, 4.0))
+        # Kill at a random moment after the process has started working (start-up time varies with load).
+        deadline = time.monotonic() + 120
+        while not (store / "catalog.sqlite").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.3, 2.5))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
