@@ -56,6 +56,8 @@ def test_sigkill_at_random_moments_never_loses_or_alters_committed_episodes(tmp_
             proc.send_signal(signal.SIGKILL)
             kills += 1
         proc.communicate(timeout=60)
+        if (store / "catalog.sqlite").exists() and catalog_rows(store)[1]:
+            interrupted_seen += 1  # this kill left an attempt in flight (staging) for recovery to clean
         after = committed_files(store)
         # Committed episodes never disappear and their bytes never change.
         for episode_id, files in before.items():
@@ -77,7 +79,6 @@ def test_sigkill_at_random_moments_never_loses_or_alters_committed_episodes(tmp_
                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         rows, staging_rows, summary = catalog_rows(candidate)
-        interrupted_seen += sum(1 for r in summary["recovery"] if r["action"] == "discard_interrupted")
         assert not staging_rows
         assert [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash) for r in rows] == expected
         assert [r.seed for r in rows] == [derive_seed(0, i, 0) for i in range(EPISODES)]
@@ -87,7 +88,7 @@ def test_sigkill_at_random_moments_never_loses_or_alters_committed_episodes(tmp_
         verify = subprocess.run(demoforge_argv("verify", "--store", str(candidate)), env=cli_env(),
                                 capture_output=True, text=True, timeout=300)
         assert verify.returncode == 0, verify.stdout
-    assert interrupted_seen >= 5  # kills landed while attempts were in flight
+    assert interrupted_seen >= 6  # most kills landed while attempts were in flight
 
 
 def test_sigint_stops_cleanly_keeping_committed_episodes(tmp_path):
