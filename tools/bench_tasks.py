@@ -59,6 +59,8 @@ def main() -> None:
     args = parser.parse_args()
     tasks = args.task or ["fetch-pick-place", "aloha-transfer-cube"]
     rows = []
+    if not args.json:
+        print(f"{'task':<22}{'options':<42}{'success':>12}{'steps/ep (min-max)':>22}{'steps/s':>10}", flush=True)
     for task in tasks:
         defaults = get_task(task).defaults
         options = {}
@@ -67,17 +69,19 @@ def main() -> None:
             if key in defaults:
                 options[key] = json.loads(value)
         rows.append(bench(task, args.seeds, options))
+        if not args.json:
+            print_row(rows[-1])
     if args.json:
         print(json.dumps(rows, indent=2))
-        return
-    print(f"{'task':<22}{'options':<42}{'success':>12}{'steps/ep (min-max)':>22}{'steps/s':>10}")
-    for r in rows:
-        opts = ",".join(f"{k}={v}" for k, v in r["options"].items())
-        print(f"{r['task']:<22}{opts:<42}{r['succeeded']:>5}/{r['episodes']:<3} {r['success_rate']:>4.0%}"
-              f"{r['steps_per_episode_mean']:>10.1f} ({r['steps_per_episode_min']}-{r['steps_per_episode_max']})"
-              f"{r['steps_per_s']:>10.1f}")
-        if r["failures"]:
-            print(f"  failures: {r['failures']}")
+
+
+def print_row(r: dict) -> None:
+    opts = ",".join(f"{k}={v}" for k, v in r["options"].items())
+    print(f"{r['task']:<22}{opts:<42}{r['succeeded']:>5}/{r['episodes']:<3} {r['success_rate']:>4.0%}"
+          f"{r['steps_per_episode_mean']:>10.1f} ({r['steps_per_episode_min']}-{r['steps_per_episode_max']})"
+          f"{r['steps_per_s']:>10.1f}", flush=True)
+    if r["failures"]:
+        print(f"  failures: {r['failures']}", flush=True)
 
 
 if __name__ == "__main__":
