@@ -32,7 +32,7 @@ import numpy as np
 from demoforge.pipeline.contract import ANNOTATION_KEYS, SCHEMA_VERSION
 from demoforge.storage.catalog import AttemptRow, Catalog
 from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore, fsync_dir, fsync_file
-from demoforge.storage.store import layout_from_fingerprint, open_catalog_readonly
+from demoforge.storage.store import layout_from_fingerprint, open_catalog_readonly, path_problem, short_path
 from demoforge.storage.verify import check_episode
 
 MARKER = "meta/demoforge.json"
@@ -43,6 +43,7 @@ CHUNKS_SIZE = 1000
 DATA_FILE_MB = 100
 VIDEO_FILE_MB = 200
 KEEP_VERSIONS = 2
+STATS_IMAGE_PX = 64  # camera stats are computed on frames strided down to about this size
 
 
 class ExportError(RuntimeError):
@@ -127,8 +128,19 @@ class Published:
 
 def resolve_target(out: Path) -> Published:
     out = Path(out)
-    if "\x00" in str(out):
-        raise ExportError("the dataset path contains a NUL byte")
+    problem = path_problem(out, reserve=len(".versions"))
+    if problem:
+        raise ExportError(f"cannot use {short_path(out)} as a dataset: the path {problem}")
+    try:
+        return _resolve_target(out)
+    except OSError as exc:  # e.g. a path component that is a file, a loop of links, no permission
+        raise ExportError(f"cannot use {short_path(out)} as a dataset: {exc.strerror or exc}") from None
+    except ValueError as exc:  # an unreadable meta/demoforge.json
+        raise NotOurDatasetError(f"{short_path(out)}: its {MARKER} cannot be read ({exc}); refusing to modify it") \
+            from None
+
+
+def _resolve_target(out: Path) -> Published:
     versions = out.parent / f"{out.name}.versions"
     if out.is_symlink():
         current = (out.parent / os.readlink(out)).resolve()
@@ -164,6 +176,7 @@ def export_store(store_dir: Path | str, out: Path | str, *, repo_id: str | None 
         fingerprint = catalog.fingerprint()
         if fingerprint is None:
             raise ExportError(f"{store_dir} holds no job yet; nothing to export")
+        layout = layout_from_fingerprint(fingerprint)  # refuses unsafe camera / feature names before any write
         target = resolve_target(out)
         if target.marker is not None and target.marker.get("schema") != schema_identity(fingerprint):
             diffs = [k for k, v in schema_identity(fingerprint).items() if target.marker.get("schema", {}).get(k) != v]
@@ -172,9 +185,9 @@ def export_store(store_dir: Path | str, out: Path | str, *, repo_id: str | None 
         _check_writable(out.parent)
         lock_fd = _lock_exports(target.versions)
         try:
-            _remove_unfinished(target.versions)
+            _remove_unfinished(target.versions, target.current)
             reconciled = _reconcile(catalog, target.marker)
-            staging = StagingStore(store_dir, layout_from_fingerprint(fingerprint))
+            staging = StagingStore(store_dir, layout)
             # What the dataset already holds is the published marker's word, not the catalog's: a store
             # can feed a second dataset, and a crash can fall between publishing and the catalog update.
             present = {e["episode_id"] for e in (target.marker or {}).get("episodes", [])}
@@ -225,9 +238,14 @@ def _lock_exports(versions: Path) -> int:
     return fd
 
 
-def _remove_unfinished(versions: Path) -> None:
+def _remove_unfinished(versions: Path, current: Path | None) -> None:
     for path in versions.glob("*.partial"):
         shutil.rmtree(path, ignore_errors=False)
+    # A version renamed into place whose link swap never happened (a crash between the two) was never
+    # published; left there, it would block this export's rename of the same version number forever.
+    for path in versions.glob("v*"):
+        if path.is_dir() and (current is None or path.name > current.name):
+            shutil.rmtree(path)
     for path in versions.glob(".link-*"):
         path.unlink()
 
@@ -584,7 +602,10 @@ def _episode_stats(ep: StagedEpisode, frames: Mapping[str, Any], features: Mappi
                                             for k in numeric})
     for camera, _h, _w in cameras:
         decoded = _decode_sampled(ep.video[camera], sample_indices(len(ep.action)))
-        images = np.stack([auto_downsample_height_width(img.transpose(2, 0, 1)) for img in decoded])
+        # Stride to ~64 px (LeRobot strides to ~150 px): pixel statistics barely move, and image stats were 95%
+        # of export time at 224x224 (tools/bench_export.py).
+        images = np.stack([auto_downsample_height_width(img.transpose(2, 0, 1), target_size=STATS_IMAGE_PX,
+                                                        max_size_threshold=2 * STATS_IMAGE_PX) for img in decoded])
         per = get_feature_stats(images, axis=(0, 2, 3), keepdims=True)
         stats[camera_key(camera)] = {k: v if k == "count" else np.squeeze(v / 255.0, axis=0) for k, v in per.items()}
     return stats
