@@ -221,8 +221,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     try:
         result = inspect_path(args.path, with_frames=args.plot is not None)
-    except FileNotFoundError as exc:
-        _console(stderr=True).print(f"demoforge inspect: error: {exc}")
+    except OSError as exc:  # missing, or a name the OS refuses (too long, not a directory)
+        _console(stderr=True).print(f"demoforge inspect: error: {exc}", markup=False)
         return EXIT_USAGE
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
@@ -385,15 +385,15 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     from demoforge.pipeline.daemon_config import DaemonConfigError
     from demoforge.pipeline.job import JobConfigError
-    from demoforge.pipeline.tasks.registry import TaskOptionError, UnknownTaskError
+    from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError
     from demoforge.storage.catalog import JobMismatchError
     from demoforge.storage.lerobot_export import ExportError
     from demoforge.storage.store import StoreError
 
     args = build_parser().parse_args(argv)
     limit_malloc_arenas()
-    known = (JobConfigError, TaskOptionError, UnknownTaskError, JobMismatchError, StoreError, ExportError,
-             DaemonConfigError)
+    known = (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
+             ExportError, DaemonConfigError)
     try:
         try:
             return args.fn(args)

@@ -54,7 +54,10 @@ def free_megabytes(path: Path) -> float:
             return float(Path(override).read_text().strip())
         except (OSError, ValueError):
             pass
-    return shutil.disk_usage(path).free / 2**20
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent  # the store may not be created yet: measure the filesystem it will be on
+    return shutil.disk_usage(existing).free / 2**20
 
 
 class GenerationDaemon:
@@ -89,12 +92,14 @@ class GenerationDaemon:
     async def _export(self, why: str) -> None:
         if self.config.export_dir is None:
             return
+        from demoforge.pipeline.faults import export_pause
         from demoforge.storage.lerobot_export import export_store
 
         self._since_export = 0
         started = time.monotonic()
+        pause = export_pause()  # DEMOFORGE_EXPORT_PAUSE: fault injection (tools/crash_campaign.py), unset normally
         report = await anyio.to_thread.run_sync(lambda: export_store(self.config.store, self.config.export_dir,
-                                                                     repo_id=self.config.repo_id))
+                                                                     repo_id=self.config.repo_id, stage_pause=pause))
         self._exported_total = report.total_episodes
         self.metrics.last_export.set(time.time())
         self.metrics.exported_total.set(report.total_episodes)

@@ -505,6 +505,8 @@ def _episode_frames(ep: StagedEpisode, index: int, first_frame: int, task_index:
 
 def _hf_table(rows: Sequence[Mapping[str, Any]], features: Mapping[str, dict]):
     import datasets
+
+    datasets.disable_progress_bars()  # one bar per export would fill a daemon's log
     from lerobot.datasets.feature_utils import get_hf_features_from_features
 
     hf_features = get_hf_features_from_features({k: {**v, "shape": tuple(v["shape"])} for k, v in features.items()})

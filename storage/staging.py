@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ MAX_FRAMES = 1 << 31  # the nominal shape; only written chunks exist on disk
 MAX_VIDEO_BYTES = 1 << 46
 VIDEO_CHUNK_BYTES = 1 << 20
 STAGING_DIR = "staging.zarr"
+EPISODE_ID = re.compile(r"ep[0-9]{8,}-a[0-9]{2,}")  # pipeline.records.AttemptKey.episode_id
 
 
 class StagingCorruptError(Exception):
@@ -215,6 +217,9 @@ class StagingStore:
         self.root.require_group("episodes")
 
     def episode_path(self, episode_id: str) -> Path:
+        # Ids come from the catalog; a tampered row must never turn a delete or a read into one outside.
+        if not isinstance(episode_id, str) or not EPISODE_ID.fullmatch(episode_id):
+            raise StagingCorruptError(f"unsafe episode id {episode_id!r} in the catalog (expected epNNNNNNNN-aNN)")
         return self.path / "episodes" / episode_id
 
     def open_episode(self, episode_id: str) -> EpisodeWriter:

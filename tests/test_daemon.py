@@ -55,16 +55,28 @@ deadline_seconds = 5
     return path, port
 
 
-def start(job: Path, *args: str, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(demoforge_argv("daemon", "--config", str(job), "--json-logs", *args), env=cli_env(**env),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+class Daemon(subprocess.Popen):
+    """A daemon subprocess whose output goes to files (a full pipe would block it), read by communicate()."""
+
+    def communicate(self, input=None, timeout=None):  # noqa: A002
+        self.wait(timeout=timeout)
+        return self.out_path.read_text(), self.err_path.read_text()
+
+
+def start(job: Path, *args: str, **env: str) -> Daemon:
+    out_path, err_path = job.parent / "daemon.out", job.parent / "daemon.err"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = Daemon(demoforge_argv("daemon", "--config", str(job), "--json-logs", *args), env=cli_env(**env),
+                      stdin=subprocess.DEVNULL, stdout=out, stderr=err, text=True)
+    proc.out_path, proc.err_path = out_path, err_path
+    return proc
 
 
 def scrape(port: int) -> dict[str, float]:
     return scrape_metrics(f"http://127.0.0.1:{port}/metrics")
 
 
-def wait_for(predicate, timeout=90.0, every=0.25):
+def wait_for(predicate, timeout=180.0, every=0.25):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -8,7 +8,10 @@ need to start a simulator.
 from __future__ import annotations
 
 import importlib
+import math
+import numbers
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +26,65 @@ class UnknownTaskError(KeyError):
 
 class TaskOptionError(ValueError):
     """A task option is unknown or has the wrong type or range."""
+
+
+class TaskDefinitionError(ValueError):
+    """A task describes something a job cannot store: an unsafe camera or feature name, or sizes beyond the
+    job limits (refused before anything is allocated or written)."""
+
+
+# Camera and state-feature names become directory and file names (staging arrays, video paths of the
+# export): one path component of safe characters, never ".." or a hidden name.
+SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+# Job limits on what one frame may hold, whatever a task's own option checks allow.
+MAX_CAMERA_SIDE = 4096
+MAX_CAMERAS = 16
+MAX_FEATURE_VALUES = 1 << 20
+MAX_FPS = 1000
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_name(kind: str, name: object) -> str:
+    """Return ``name`` if it is a safe camera / feature name, else raise :class:`TaskDefinitionError`."""
+    if not isinstance(name, str) or not SAFE_NAME.fullmatch(name) or ".." in name:
+        raise TaskDefinitionError(f"{kind} name {name!r} is not allowed: use 1-64 characters of A-Z a-z 0-9 _ . - "
+                                  "starting with a letter, digit or underscore, without '..'")
+    return name
+
+
+def check_task_info(info: TaskInfo) -> TaskInfo:
+    """Refuse a task description whose names could escape a directory or whose sizes exceed the job limits."""
+    where = f"task {info.name!r}"
+    try:
+        if not _is_int(info.fps) or not 1 <= info.fps <= MAX_FPS:
+            raise TaskDefinitionError(f"fps must be an integer in 1..{MAX_FPS}, got {info.fps!r}")
+        if len(info.cameras) > MAX_CAMERAS:
+            raise TaskDefinitionError(f"{len(info.cameras)} cameras; the job limit is {MAX_CAMERAS}")
+        seen: set[str] = set()
+        for camera in info.cameras:
+            check_name("camera", camera.name)
+            if camera.name in seen:
+                raise TaskDefinitionError(f"camera {camera.name!r} is declared twice")
+            seen.add(camera.name)
+            for side in (camera.height, camera.width):
+                if not _is_int(side) or not 1 <= side <= MAX_CAMERA_SIDE:
+                    raise TaskDefinitionError(f"camera {camera.name!r} is {camera.height!r}x{camera.width!r}; "
+                                              f"the job limit is 1..{MAX_CAMERA_SIDE} pixels a side")
+        shapes = {**{f"state feature {k!r}": v for k, v in info.state_shapes.items()}, "action": info.action_shape}
+        for feature in info.state_shapes:
+            check_name("state feature", feature)
+        for what, shape in shapes.items():
+            dims = tuple(shape)
+            if not all(_is_int(d) and d >= 1 for d in dims) or \
+                    math.prod(dims) > MAX_FEATURE_VALUES:
+                raise TaskDefinitionError(f"{what} has shape {dims!r}; dimensions must be positive integers with "
+                                          f"at most {MAX_FEATURE_VALUES} values in all")
+    except TaskDefinitionError as exc:
+        raise TaskDefinitionError(f"{where}: {exc}") from None
+    return info
 
 
 @dataclass(frozen=True)
@@ -78,9 +140,11 @@ class TaskEntry:
         return merged
 
     def info(self, options: Mapping[str, Any] | None = None) -> TaskInfo:
-        return self.describe(self.resolve_options(options))
+        """The task's description for these options, checked: safe names, sizes within the job limits."""
+        return check_task_info(self.describe(self.resolve_options(options)))
 
     def build(self, options: Mapping[str, Any] | None = None) -> gym.Env:
+        self.info(options)  # refuse an unsafe or oversized description before the env allocates anything
         return self.make_env(self.resolve_options(options))
 
 
