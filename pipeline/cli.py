@@ -24,31 +24,67 @@ def _console(stderr: bool = False) -> Console:
 
 
 # --------------------------------------------------------------------------------------------- tasks
-def cmd_tasks(args: argparse.Namespace) -> int:
-    from demoforge.pipeline.tasks.registry import get_task, task_names
+def _task_row(name: str) -> dict[str, Any]:
+    from demoforge.pipeline.tasks.registry import get_task
 
-    rows = []
-    for name in task_names():
-        info = get_task(name).info()
-        rows.append({"name": name, "description": info.description, "fps": info.fps,
-                     "cameras": {c.name: [c.height, c.width, 3] for c in info.cameras},
-                     "action_shape": list(info.action_shape),
-                     "state_shapes": {k: list(v) for k, v in info.state_shapes.items()},
-                     "segments": list(info.segment_names), "options": dict(info.options)})
+    info = get_task(name).info()
+    return {"name": name, "description": info.description, "fps": info.fps,
+            "cameras": {c.name: [c.height, c.width, 3] for c in info.cameras},
+            "action_shape": list(info.action_shape),
+            "state_shapes": {k: list(v) for k, v in info.state_shapes.items()},
+            "segments": list(info.segment_names), "options": dict(info.options)}
+
+
+def _segment_summary(names: Sequence[str]) -> str:
+    """``15 (reach_0 ... release_2)``: a count that never makes the table wrap; full list with ``tasks NAME``."""
+    unique = list(dict.fromkeys(names))
+    if len(unique) <= 2:
+        return f"{len(unique)} ({' '.join(unique)})"
+    return f"{len(unique)} ({unique[0]} ... {unique[-1]})"
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from demoforge.pipeline.tasks.registry import plugin_failures, task_names
+
+    if args.name:
+        return _print_task(_task_row(args.name), json_out=args.json)
+    rows = [_task_row(name) for name in task_names()]
+    failures = plugin_failures()
     if args.json:
         print(json.dumps(rows, indent=2))
+    else:
+        cells = [(r["name"], str(r["fps"]),
+                  ", ".join(f"{k} {v[0]}x{v[1]}" for k, v in r["cameras"].items()) or "-",
+                  str(tuple(r["action_shape"])), _segment_summary(r["segments"])) for r in rows]
+        table = Table(title="demoforge tasks", title_justify="left", box=None, pad_edge=False)
+        # Every column but the segment summary keeps its full width: a name copied from here must work.
+        for i, col in enumerate(("task", "fps", "cameras", "action")):
+            table.add_column(col, no_wrap=True, min_width=max([len(col)] + [len(c[i]) for c in cells]))
+        table.add_column("segments", overflow="ellipsis", no_wrap=True)
+        for c in cells:
+            table.add_row(*c)
+        Console(highlight=False).print(table)  # wraps at the terminal width (soft wrap would overflow it)
+        _console().print("details and options: demoforge tasks NAME")
+    for failure in failures:
+        _console(stderr=True).print(f"demoforge tasks: warning: {failure}", markup=False)
+    return EXIT_OK
+
+
+def _print_task(row: dict[str, Any], *, json_out: bool) -> int:
+    if json_out:
+        print(json.dumps(row, indent=2))
         return EXIT_OK
-    table = Table(title="demoforge tasks")
-    for col in ("task", "fps", "cameras", "action", "state", "segments", "options"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(r["name"], str(r["fps"]),
-                      ", ".join(f"{k} {v[0]}x{v[1]}" for k, v in r["cameras"].items()) or "-",
-                      str(tuple(r["action_shape"])),
-                      ", ".join(f"{k} {tuple(v)}" for k, v in r["state_shapes"].items()),
-                      ", ".join(dict.fromkeys(r["segments"])),
-                      ", ".join(f"{k}={v}" for k, v in r["options"].items()))
-    _console().print(table)
+    console = _console()
+    console.print(f"[bold]{row['name']}[/bold]: {row['description']}")
+    console.print(f"fps {row['fps']}; action {tuple(row['action_shape'])}")
+    for name, shape in row["cameras"].items():
+        console.print(f"camera {name}: {shape[0]}x{shape[1]} RGB")
+    for name, shape in row["state_shapes"].items():
+        console.print(f"state {name}: {tuple(shape)}", markup=False)
+    segments = list(dict.fromkeys(row["segments"]))
+    console.print(f"segments ({len(segments)}): " + " ".join(segments), markup=False)
+    for key, value in row["options"].items():
+        console.print(f"option {key} = {json.dumps(value)}  (--option {key}=...)", markup=False)
     return EXIT_OK
 
 
@@ -291,8 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="demoforge", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("tasks", help="list the built-in tasks")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("tasks", help="list the tasks (built-in and plugins), or describe one")
+    p.add_argument("name", nargs="?", default=None, metavar="NAME",
+                   help="describe this task in full: cameras, shapes, every segment, options (default: list all)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table (default: off)")
     p.set_defaults(fn=cmd_tasks)
 
     def job_args(p: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,9 +25,13 @@ def _clean_env() -> dict[str, str]:
 
 @pytest.mark.slow
 def test_built_wheel_installs_into_a_clean_venv_and_runs(tmp_path: Path) -> None:
+    # Build from a copy (symlinks kept as links): setuptools leaves a build/ folder beside the sources.
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "runs", "out", "*.egg-info", "__pycache__", ".pytest_cache", ".mypy_cache"))
     dist = tmp_path / "dist"
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(dist), str(REPO)], capture_output=True, text=True, timeout=300,
+                            "-w", str(dist), str(source)], capture_output=True, text=True, timeout=300,
                            stdin=subprocess.DEVNULL, env=_clean_env())
     assert build.returncode == 0, build.stderr
     (wheel,) = dist.glob("demoforge-*.whl")
