@@ -140,7 +140,8 @@ def _job_spec(args: argparse.Namespace):
     video = VideoSettings(codec=args.codec, crf=args.crf, g=args.gop, encoder_threads=args.encoder_threads)
     return JobSpec(task=args.task, episodes=args.episodes, task_options=_parse_options(args.option),
                    seed=args.seed, max_attempts=args.max_attempts, workers=args.workers, num_envs=args.num_envs,
-                   video=video, queue_frames=args.queue_frames, step_timeout_s=args.step_timeout or None)
+                   video=video, queue_frames=args.queue_frames, step_timeout_s=args.step_timeout or None,
+                   max_consecutive_abandoned=args.max_consecutive_abandoned)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -175,10 +176,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out = _console()
     out.print(report.recovery.describe())
     discarded = ", ".join(f"{k}={v}" for k, v in sorted(report.discarded.items())) or "none"
-    out.print(f"{'stopped' if report.interrupted else 'done'}: {report.committed_total}/{report.target} episodes "
+    out.print(f"{'stopped' if report.interrupted or report.runaway else 'done'}: {report.committed_total}/{report.target} episodes "
               f"committed in {args.store} ({report.committed_this_run} this run, {report.frames_this_run} frames, "
               f"{report.frames_this_run / max(report.elapsed_s, 1e-9):.0f} frames/s, {report.elapsed_s:.1f} s); "
               f"discarded attempts: {discarded}; abandoned episodes: {report.abandoned}")
+    if report.runaway is not None:
+        _console(stderr=True).print(f"demoforge generate: error: stopped because {report.runaway.describe()}. "
+                                    f"The {report.committed_total} committed episode(s) are kept; fix the task "
+                                    "(try `demoforge run` to watch a few episodes), then re-run the same command "
+                                    "to resume.", markup=False)
+        return EXIT_FAIL
     if not report.complete:
         out.print(f"re-run the same command to resume: {report.target - report.committed_total} episode(s) to go")
     elif args.export is not None:
@@ -322,6 +329,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
+    from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED
     from demoforge.pipeline.tasks.registry import DEFAULT_TASK
 
     parser = argparse.ArgumentParser(prog="demoforge", description=__doc__)
@@ -357,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue-frames", type=int, default=32, help="capacity of each inter-stage queue")
     p.add_argument("--step-timeout", type=float, default=60.0,
                    help="seconds an env call may take before its attempt is aborted (0: no limit)")
+    p.add_argument("--max-consecutive-abandoned", type=int, default=DEFAULT_MAX_CONSECUTIVE_ABANDONED,
+                   metavar="K", help="stop with exit status 1 when the last K episodes were all abandoned (every "
+                                     "attempt failed); 0: never (default: %(default)s)")
     p.add_argument("--export", type=Path, default=None, metavar="DATASET_DIR",
                    help="when the target is reached, export to this LeRobot dataset")
     p.add_argument("--repo-id", default=None, help="repo id recorded in the exported dataset")

@@ -28,6 +28,7 @@ from demoforge.pipeline.metrics import JobMetrics
 from demoforge.pipeline.records import StagedAttempt
 from demoforge.pipeline.runner import JobRunner, JobStats
 
+EXIT_FAILING = 3  # the job stopped itself (too many episodes abandoned in a row): a restart would not help
 FREE_SPACE_OVERRIDE = "DEMOFORGE_FREE_SPACE_FILE"  # tests: a file holding the free space to report, in MB
 
 
@@ -179,11 +180,18 @@ class GenerationDaemon:
                 tg.cancel_scope.cancel()
             self.log.emit("recovery", detail=report.recovery.describe())
             self._on_progress(self.runner.stats)
+            if report.runaway is not None:
+                self.metrics.failing.set(1)
+                runaway = report.runaway
+                self.log.emit("failing", consecutive_abandoned=runaway.consecutive, limit=runaway.limit,
+                              top_reasons={reason: count for reason, count in runaway.top_reasons},
+                              last_error=runaway.last_error,
+                              note="generation stopped; committed episodes are kept; fix the task and restart")
             await self._export("final")
             self.log.emit("stopped", committed_total=report.committed_total,
                           committed_this_run=report.committed_this_run, discarded=report.discarded,
-                          reason="signal" if self._signals else "target reached")
-            return 0
+                          reason="failing" if report.runaway else "signal" if self._signals else "target reached")
+            return EXIT_FAILING if report.runaway is not None else 0
         finally:
             if close_http is not None:
                 close_http()

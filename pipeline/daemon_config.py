@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from demoforge.pipeline.job import JobConfigError, JobSpec, VideoSettings
+from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED, JobConfigError, JobSpec, VideoSettings
 
 UNBOUNDED_EPISODES = 10_000_000
 
@@ -41,7 +41,8 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
             "seed": ((int,), "job seed"), "max_attempts": ((int,), "attempts per episode"),
             "workers": ((int,), "env worker threads"), "num_envs": ((int,), "vector rows per worker"),
             "queue_frames": ((int,), "queue capacity"), "options": ((dict,), "task options table"),
-            "step_timeout_seconds": ((int, float), "seconds an env call may take before its attempt is aborted")},
+            "step_timeout_seconds": ((int, float), "seconds an env call may take before its attempt is aborted"),
+            "max_consecutive_abandoned": ((int,), "stop when this many episodes in a row were abandoned (0: never)")},
     "video": {"codec": ((str,), "codec"), "crf": ((int,), "quality"), "g": ((int,), "keyframe interval"),
               "preset": ((int, str), "encoder preset"), "encoder_threads": ((int,), "threads per encoder")},
     "store": {"dir": ((str,), "staging store directory")},
@@ -108,7 +109,9 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
                        task_options=dict(job.get("options", {})), seed=job.get("seed", 0),
                        max_attempts=job.get("max_attempts", 3), workers=job.get("workers", 1),
                        num_envs=job.get("num_envs", 1), queue_frames=job.get("queue_frames", 32), video=settings,
-                       step_timeout_s=float(job.get("step_timeout_seconds", 60.0)))
+                       step_timeout_s=float(job.get("step_timeout_seconds", 60.0)),
+                       max_consecutive_abandoned=job.get("max_consecutive_abandoned",
+                                                         DEFAULT_MAX_CONSECUTIVE_ABANDONED))
         from demoforge.pipeline.tasks.registry import get_task
 
         get_task(spec.task).resolve_options(spec.task_options)

@@ -16,6 +16,11 @@ os.environ.setdefault("SVT_LOG", "1")
 CODEC_ALIASES = {"av1": "libsvtav1", "libx264": "h264", "x264": "h264"}
 SUPPORTED_CODECS = ("libsvtav1", "h264", "hevc", "libaom-av1")
 
+DEFAULT_MAX_CONSECUTIVE_ABANDONED = 20
+"""A healthy task abandons an episode only when all its attempts fail: with 3 attempts at even a 20% success
+rate per attempt, 20 given episodes are all abandoned with probability 0.512**20, about 1.5e-6; a broken task
+(a crashing env, a wrong option) reaches it within minutes instead of running until stopped."""
+
 
 class JobConfigError(ValueError):
     """A job setting is out of range or unknown."""
@@ -85,12 +90,14 @@ class JobSpec:
     chunk_frames: int = 64
     queue_frames: int = 32
     step_timeout_s: float | None = 60.0  # an env call that takes longer aborts the attempt (not in the fingerprint)
+    max_consecutive_abandoned: int = DEFAULT_MAX_CONSECUTIVE_ABANDONED  # stop when this many episodes in a row were abandoned; 0: never
 
     def __post_init__(self) -> None:
         checks = {"episodes": (self.episodes, 0, 10_000_000), "max_attempts": (self.max_attempts, 1, 1000),
                   "workers": (self.workers, 1, 64), "num_envs": (self.num_envs, 1, 256),
                   "chunk_frames": (self.chunk_frames, 1, 100_000), "queue_frames": (self.queue_frames, 1, 100_000),
-                  "seed": (self.seed, 0, 2**32 - 1)}
+                  "seed": (self.seed, 0, 2**32 - 1),
+                  "max_consecutive_abandoned": (self.max_consecutive_abandoned, 0, 10_000_000)}
         if self.step_timeout_s is not None and not (isinstance(self.step_timeout_s, (int, float))
                                                     and 0 < self.step_timeout_s <= 86400):
             raise JobConfigError(f"step_timeout_s must be in (0, 86400] seconds or None, got {self.step_timeout_s!r}")

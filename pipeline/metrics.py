@@ -36,6 +36,8 @@ class JobMetrics:
         self.exported_total = Gauge("demoforge_exported_episodes", "Episodes in the published dataset", registry=r)
         self.paused = Gauge("demoforge_generation_paused", "1 while generation is paused (low disk space)",
                             registry=r)
+        self.failing = Gauge("demoforge_job_failing", "1 when the job stopped itself: the last "
+                             "max_consecutive_abandoned episodes were all abandoned", registry=r)
         self.free_bytes = Gauge("demoforge_store_free_bytes", "Free bytes on the store's filesystem", registry=r)
         self.up = Gauge("demoforge_up_timestamp_seconds", "Unix time the daemon started", registry=r)
         self.up.set(time.time())

@@ -30,7 +30,7 @@ from demoforge.pipeline.records import Record, StagedAttempt
 from demoforge.pipeline.tasks.registry import get_task
 from demoforge.stages.commit import commit_stage
 from demoforge.stages.encode import encode_stage
-from demoforge.stages.plan import EpisodePlanner
+from demoforge.stages.plan import EpisodePlanner, RunawayStop
 from demoforge.stages.step import step_stage
 from demoforge.stages.write import write_stage
 from demoforge.storage.recovery import RecoveryReport
@@ -77,6 +77,7 @@ class JobReport:
     elapsed_s: float
     recovery: RecoveryReport
     interrupted: bool
+    runaway: RunawayStop | None = None  # set when the job stopped itself: too many episodes abandoned in a row
 
     @property
     def complete(self) -> bool:
@@ -133,7 +134,8 @@ class JobRunner:
         store = await anyio.to_thread.run_sync(JobStore.open, self.store_dir, spec.fingerprint(info))
         try:
             resume = store.catalog.resume_state()
-            planner = self._planner = EpisodePlanner(spec.episodes, resume, spec.max_attempts)
+            planner = self._planner = EpisodePlanner(spec.episodes, resume, spec.max_attempts,
+                                                     spec.max_consecutive_abandoned)
             self._token = anyio.lowlevel.current_token()
             self._loop_thread = threading.get_ident()
             stats = self.stats
@@ -186,7 +188,8 @@ class JobRunner:
                              committed_total=stats.total_committed, committed_this_run=stats.committed,
                              discarded=dict(stats.discarded), abandoned=len(planner.abandoned),
                              frames_this_run=stats.frames, elapsed_s=time.monotonic() - stats.started_at,
-                             recovery=store.recovery, interrupted=self._stop.is_set())
+                             recovery=store.recovery, interrupted=self._stop.is_set(),
+                             runaway=planner.runaway)
         finally:
             self._planner = None
             await anyio.to_thread.run_sync(store.close)

@@ -27,7 +27,7 @@ async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt
     async with receive:
         async for item in receive:
             if isinstance(item, EpisodeAbandoned):
-                planner.finished(item.episode_index, committed=False)
+                planner.finished(item.episode_index, committed=False, last_error=item.last_reason)
                 continue
             if not isinstance(item, StagedAttempt):
                 continue
@@ -51,6 +51,8 @@ async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt
                     staging.delete_episode(episode_id)
 
                 await anyio.to_thread.run_sync(discard)
+                planner.attempt_discarded(f"{result.terminal_reason.value}: {result.failure_reason}"
+                                          if result.failure_reason else result.terminal_reason.value)
             busy["commit"] = busy.get("commit", 0.0) + time.perf_counter() - mark
             if on_outcome is not None:
                 on_outcome(item)

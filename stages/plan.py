@@ -8,18 +8,47 @@ attempt number and seed.
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
+
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
 from demoforge.pipeline.executor import EpisodeAssignment
+from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED
 from demoforge.storage.catalog import ResumeState
 
 
-class EpisodePlanner:
-    """Tracks committed and in-flight episode indices; the commit stage reports each episode's end."""
+@dataclass(frozen=True)
+class RunawayStop:
+    """Why a job stopped itself: its last ``consecutive`` episodes were all abandoned."""
 
-    def __init__(self, target: int, resume: ResumeState, max_attempts: int) -> None:
+    consecutive: int
+    limit: int
+    top_reasons: tuple[tuple[str, int], ...]  # discard reasons of the streak's attempts, most frequent first
+    last_error: str
+
+    def describe(self) -> str:
+        reasons = ", ".join(f"{reason} ({count})" for reason, count in self.top_reasons) or "none recorded"
+        return (f"the last {self.consecutive} episodes were all abandoned (every attempt failed; limit "
+                f"--max-consecutive-abandoned {self.limit}); top discard reasons: {reasons}; "
+                f"last error: {self.last_error}")
+
+
+class EpisodePlanner:
+    """Tracks committed and in-flight episode indices; the commit stage reports each episode's end.
+
+    ``max_consecutive_abandoned`` (0: no limit) stops planning when that many episodes in a row were
+    abandoned: a task that always fails would otherwise run forever."""
+
+    def __init__(self, target: int, resume: ResumeState, max_attempts: int,
+                 max_consecutive_abandoned: int = DEFAULT_MAX_CONSECUTIVE_ABANDONED) -> None:
         self.target = target
+        self.max_consecutive_abandoned = max_consecutive_abandoned
+        self.consecutive_abandoned = 0
+        self.streak_reasons: Counter[str] = Counter()  # discard reasons since the last commit
+        self.last_error = ""
+        self.runaway: RunawayStop | None = None
         self.committed = set(resume.committed)
         self.spent = dict(resume.spent_attempts)
         self.max_attempts = max_attempts
@@ -36,10 +65,25 @@ class EpisodePlanner:
     def done(self) -> bool:
         return len(self.committed) >= self.target
 
-    def finished(self, episode_index: int, committed: bool) -> None:
+    def finished(self, episode_index: int, committed: bool, last_error: str = "") -> None:
         self.in_flight.discard(episode_index)
         (self.committed if committed else self.abandoned).add(episode_index)
+        if committed:
+            self.consecutive_abandoned = 0
+            self.streak_reasons.clear()
+        else:
+            self.consecutive_abandoned += 1
+            self.last_error = last_error or self.last_error
+            limit = self.max_consecutive_abandoned
+            if limit and self.consecutive_abandoned >= limit and self.runaway is None:
+                self.runaway = RunawayStop(self.consecutive_abandoned, limit,
+                                           tuple(self.streak_reasons.most_common(3)), self.last_error or "?")
+                self.stop()
         self._wake()
+
+    def attempt_discarded(self, reason: str) -> None:
+        """Count a discarded attempt's reason toward the current streak (reported if the job runs away)."""
+        self.streak_reasons[reason[:120]] += 1
 
     def stop(self) -> None:
         """Start no more episodes; the plan stream closes, so workers finish what they hold and end."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -27,6 +28,9 @@ class CameraPointEnv(PointEnv):
     def step(self, action):
         if self.step_sleep:
             time.sleep(self.step_sleep)
+        broken = os.environ.get("TOY_POINT_STEP_ERROR")  # tests: a task that fails every attempt
+        if broken:
+            raise RuntimeError(broken)
         return super().step(action)
 
     def demo_record(self, observation) -> RecordedObservation:
