@@ -17,6 +17,10 @@ from rich.console import Console
 from rich.table import Table
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_STATUS_HELP = """exit status: 0 done; 1 failed or incomplete (e.g. every recent episode abandoned); 2 bad input or
+settings; 3 the daemon stopped a failing job; 4 an OS error while writing (e.g. a full disk); 130 interrupted
+
+example: demoforge generate --task fetch-pick-place --episodes 100 --store runs/fetch"""
 
 
 def _console(stderr: bool = False) -> Console:
@@ -332,7 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED
     from demoforge.pipeline.tasks.registry import DEFAULT_TASK
 
-    parser = argparse.ArgumentParser(prog="demoforge", description=__doc__)
+    parser = argparse.ArgumentParser(prog="demoforge", description=__doc__, epilog=EXIT_STATUS_HELP,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, show the full Python traceback instead of the short message (default: off)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("tasks", help="list the tasks (built-in and plugins), or describe one")
@@ -413,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-quarantine", action="store_true", help="report only; do not quarantine bad episodes")
     p.set_defaults(fn=cmd_verify)
+    for command in sub.choices.values():  # `demoforge generate ... --debug` works too
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show the full traceback of an error (default: off)")
     return parser
 
 
@@ -433,30 +443,52 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from demoforge.pipeline.daemon_config import DaemonConfigError
+    from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, describe_write_failure
     from demoforge.pipeline.job import JobConfigError
     from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError
     from demoforge.storage.catalog import JobMismatchError
     from demoforge.storage.lerobot_export import ExportError
     from demoforge.storage.store import StoreError
+    from demoforge.storage.write_errors import is_write_error
 
     args = build_parser().parse_args(argv)
     limit_malloc_arenas()
     known = (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
              ExportError, DaemonConfigError)
+    err = _console(stderr=True)
     try:
         try:
             return args.fn(args)
         except BaseExceptionGroup as group:  # errors raised inside a task group arrive wrapped
+            if args.debug:
+                raise
             leaves = _leaves(group)
             if leaves and all(isinstance(e, known) for e in leaves):
                 raise leaves[0] from None
+            # The first real failure; the others are usually its consequences (a closed stream, a cancel).
+            first = next((e for e in leaves if is_write_error(e)), None) or next(
+                (e for e in leaves if isinstance(e, Exception)), None)
+            if first is not None:
+                raise first from None
             raise
     except known as exc:
-        _console(stderr=True).print(f"demoforge {args.command}: error: {exc}", markup=False)
+        if args.debug:
+            raise
+        err.print(f"demoforge {args.command}: error: {exc}", markup=False)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        _console(stderr=True).print(f"demoforge {args.command}: stopped at once; committed episodes are kept")
+        err.print(f"demoforge {args.command}: stopped at once; committed episodes are kept")
         return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        if is_write_error(exc):
+            err.print(describe_write_failure(args.command, exc, args), markup=False)
+            return EXIT_WRITE_FAILED
+        err.print(f"demoforge {args.command}: internal error: {type(exc).__name__}: {exc}\n"
+                  "  committed data is safe (it is durable before it counts)\n"
+                  "  add --debug for the traceback, and report it", markup=False)
+        return EXIT_FAIL
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:

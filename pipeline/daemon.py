@@ -24,12 +24,25 @@ import anyio
 import anyio.abc
 
 from demoforge.pipeline.daemon_config import DaemonConfig
+from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, failed_write
 from demoforge.pipeline.metrics import JobMetrics
 from demoforge.pipeline.records import StagedAttempt
 from demoforge.pipeline.runner import JobRunner, JobStats
+from demoforge.storage.write_errors import free_bytes, is_write_error
 
 EXIT_FAILING = 3  # the job stopped itself (too many episodes abandoned in a row): a restart would not help
 FREE_SPACE_OVERRIDE = "DEMOFORGE_FREE_SPACE_FILE"  # tests: a file holding the free space to report, in MB
+
+
+def _write_failure(exc: BaseException) -> BaseException | None:
+    """The OS write error (full disk, ...) inside ``exc`` or its exception-group leaves, if any."""
+    if isinstance(exc, BaseExceptionGroup):
+        for leaf in exc.exceptions:
+            found = _write_failure(leaf)
+            if found is not None:
+                return found
+        return None
+    return exc if is_write_error(exc) else None
 
 
 class EventLog:
@@ -153,6 +166,14 @@ class GenerationDaemon:
                 else:
                     os._exit(1)
 
+    def _log_write_failure(self, exc: BaseException) -> None:
+        what, where, reason = failed_write(exc)
+        self.log.emit("write_failed", what=what, path=where, reason=reason,
+                      free_bytes=free_bytes(where or self.config.store),
+                      committed_total=self.runner.stats.total_committed,
+                      note="committed episodes are intact and the unfinished attempts' files were removed; free "
+                           "space, then start the daemon again: it resumes")
+
     async def _deadline(self) -> None:
         await anyio.sleep(self.config.shutdown_deadline_seconds)
         self.log.emit("deadline_reached", note="discarding in-flight episodes")
@@ -170,14 +191,21 @@ class GenerationDaemon:
                       if config.metrics_port is not None else "off", export=config.export_dir)
         try:
             report = None
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._signal_loop, tg)
-                tg.start_soon(self._disk_loop)
-                tg.start_soon(self._metrics_loop)
-                if config.export_dir is not None:
-                    tg.start_soon(self._export_loop)
-                report = await self.runner.run()
-                tg.cancel_scope.cancel()
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._signal_loop, tg)
+                    tg.start_soon(self._disk_loop)
+                    tg.start_soon(self._metrics_loop)
+                    if config.export_dir is not None:
+                        tg.start_soon(self._export_loop)
+                    report = await self.runner.run()
+                    tg.cancel_scope.cancel()
+            except Exception as exc:  # a group, or one error
+                failure = _write_failure(exc)
+                if failure is None:
+                    raise
+                self._log_write_failure(failure)
+                return EXIT_WRITE_FAILED
             self.log.emit("recovery", detail=report.recovery.describe())
             self._on_progress(self.runner.stats)
             if report.runaway is not None:

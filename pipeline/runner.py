@@ -33,7 +33,7 @@ from demoforge.stages.encode import encode_stage
 from demoforge.stages.plan import EpisodePlanner, RunawayStop
 from demoforge.stages.step import step_stage
 from demoforge.stages.write import write_stage
-from demoforge.storage.recovery import RecoveryReport
+from demoforge.storage.recovery import RecoveryReport, release_unfinished
 from demoforge.storage.store import JobStore
 
 
@@ -190,6 +190,10 @@ class JobRunner:
                              frames_this_run=stats.frames, elapsed_s=time.monotonic() - stats.started_at,
                              recovery=store.recovery, interrupted=self._stop.is_set(),
                              runaway=planner.runaway)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(release_unfinished, store.catalog, store.staging)
+            raise
         finally:
             self._planner = None
             await anyio.to_thread.run_sync(store.close)

@@ -54,3 +54,18 @@ def recover(catalog: Catalog, staging: StagingStore) -> RecoveryReport:
     if report.orphan_dirs:
         fsync_dir(staging.path / "episodes")
     return report
+
+
+def release_unfinished(catalog: Catalog, staging: StagingStore) -> list[str]:
+    """Delete the files of attempts still ``staging`` when a run ends with an error (a full disk, most often),
+    so the space is given back at once rather than at the next start. Their rows stay ``staging``: the next
+    run's recovery discards them (a staging row without files is what a crash before the first write leaves).
+    Call only once every stage has stopped. Best effort: a failure here must not hide the original error."""
+    released: list[str] = []
+    try:
+        for row in catalog.attempts(("staging",)):
+            if staging.delete_episode(row.episode_id):
+                released.append(row.episode_id)
+    except Exception:  # noqa: BLE001 - the run's own error is what the user must see
+        pass
+    return released

@@ -30,6 +30,7 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
 from demoforge.pipeline.contract import ANNOTATION_KEYS
+from demoforge.storage.write_errors import writing
 
 MAX_FRAMES = 1 << 31  # the nominal shape; only written chunks exist on disk
 MAX_VIDEO_BYTES = 1 << 46
@@ -159,18 +160,20 @@ class EpisodeWriter:
 
     def flush_full(self) -> None:
         """Write every whole chunk (blocking I/O: call it from a worker thread)."""
-        for buf in self._numeric.values():
-            if buf.fill == buf.chunk:
-                buf.flush()
-        for stream in self._video.values():
-            stream.flush(final=False)
+        with writing(f"staged data of episode {self.episode_id}", self.path):
+            for buf in self._numeric.values():
+                if buf.fill == buf.chunk:
+                    buf.flush()
+            for stream in self._video.values():
+                stream.flush(final=False)
 
     def flush_all(self) -> dict[str, int]:
         """Write the partial tail chunks; returns the byte length of each camera stream."""
-        for buf in self._numeric.values():
-            buf.flush()
-        for stream in self._video.values():
-            stream.flush(final=True)
+        with writing(f"staged data of episode {self.episode_id}", self.path):
+            for buf in self._numeric.values():
+                buf.flush()
+            for stream in self._video.values():
+                stream.flush(final=True)
         return {camera: stream.written for camera, stream in self._video.items()}
 
     def content_hash(self) -> str:
@@ -225,7 +228,8 @@ class StagingStore:
     def open_episode(self, episode_id: str) -> EpisodeWriter:
         if self.episode_path(episode_id).exists():
             raise FileExistsError(f"staged data for {episode_id} already exists at {self.episode_path(episode_id)}")
-        return EpisodeWriter(self.root, self.episode_path(episode_id), episode_id, self.layout)
+        with writing(f"the staging folder of episode {episode_id}", self.episode_path(episode_id)):
+            return EpisodeWriter(self.root, self.episode_path(episode_id), episode_id, self.layout)
 
     def delete_episode(self, episode_id: str) -> bool:
         path = self.episode_path(episode_id)
@@ -242,12 +246,13 @@ class StagingStore:
     def make_durable(self, episode_id: str) -> None:
         """fsync every file and directory of the episode, then its parents (zarr itself never fsyncs)."""
         path = self.episode_path(episode_id)
-        for dirpath, _dirnames, filenames in os.walk(path):
-            for name in filenames:
-                fsync_file(Path(dirpath) / name)
-            fsync_dir(Path(dirpath))
-        fsync_dir(path.parent)
-        fsync_dir(self.path)
+        with writing(f"staged data of episode {episode_id} (fsync)", path):
+            for dirpath, _dirnames, filenames in os.walk(path):
+                for name in filenames:
+                    fsync_file(Path(dirpath) / name)
+                fsync_dir(Path(dirpath))
+            fsync_dir(path.parent)
+            fsync_dir(self.path)
 
     def read_episode(self, episode_id: str, frames: int, video_bytes: Mapping[str, int]) -> StagedEpisode:
         """Read a committed episode back, verifying every chunk's checksum."""

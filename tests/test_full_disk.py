@@ -1,0 +1,111 @@
+"""A real full disk: generate and the daemon on a size-limited tmpfs report it in a few lines, give the
+unfinished attempt's space back, keep committed episodes, and resume once space is freed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from demoforge.storage.catalog import Catalog
+from helpers import cli_env, committed_files, demoforge_argv, run_cli
+
+TMPFS_MB = 12
+LEAVE_FREE = 2 * 2**20  # bytes left free before the run: a few toy episodes fit, then the disk is full
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 12 MB tmpfs, mostly taken by a filler file (deleting it is "freeing space")."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip() or proc.returncode}")
+    try:
+        fill(mount / "filler", shutil.disk_usage(mount).free - LEAVE_FREE)
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(path: Path, size: int) -> None:
+    with open(path, "wb") as f:
+        f.write(b"\0" * max(size, 0))
+
+
+def committed_ids(store: Path) -> list[str]:
+    catalog = Catalog(store)
+    try:
+        return [r.episode_id for r in catalog.committed()]
+    finally:
+        catalog.close()
+
+
+GEN = ("generate", "--task", "toy-point", "--codec", "h264", "--option", "size=64")
+
+
+def test_generate_on_a_full_disk_reports_gives_space_back_and_resumes(small_disk: Path) -> None:
+    store = small_disk / "store"
+    full = run_cli(*GEN, "--episodes", "100000", "--store", str(store))
+    assert full.returncode == 4, full.stderr
+    assert "Traceback" not in full.stderr
+    lines = [line for line in full.stderr.splitlines() if line.startswith(("demoforge generate", "  "))]
+    assert lines[0].startswith("demoforge generate: error: the disk is full (No space left on device) while "
+                               "writing "), full.stderr
+    committed = committed_ids(store)
+    assert committed, "some episodes should fit before the disk is full"
+    assert f"where: {store}" in full.stderr and "free on that filesystem" in full.stderr
+    assert f"safe: the {len(committed)} committed episode(s) in {store} are complete" in full.stderr
+    assert "re-run the same command" in full.stderr and "exit status 4" in full.stderr
+    # The unfinished attempt's space is given back at once: only committed episodes remain staged.
+    staged = sorted(p.name for p in (store / "staging.zarr" / "episodes").iterdir() if p.is_dir())
+    assert staged == sorted(committed)
+    before = committed_files(store)
+
+    debug = run_cli("--debug", *GEN, "--episodes", "100000", "--store", str(store))
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and "No space left on device" in debug.stderr
+
+    (small_disk / "filler").unlink()  # free space, then the same command resumes
+    target = len(committed_ids(store)) + 3
+    resumed = run_cli(*GEN, "--episodes", str(target), "--store", str(store))
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(committed_ids(store)) == target
+    after = committed_files(store)
+    assert {k: after[k] for k in before} == before
+    verify = run_cli("verify", "--store", str(store))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_daemon_on_a_full_disk_logs_write_failed_and_exits_4(small_disk: Path, tmp_path: Path) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text(f"""
+[job]
+task = "toy-point"
+episodes = "unbounded"
+options = {{ steps = 20, size = 64 }}
+[video]
+codec = "h264"
+[store]
+dir = "{small_disk / 'store'}"
+[metrics]
+address = "off"
+[disk]
+min_free_mb = 0
+""")
+    proc = subprocess.run(demoforge_argv("daemon", "--config", str(job), "--json-logs"), env=cli_env(),
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 4, proc.stderr
+    assert "Traceback" not in proc.stderr
+    events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    failed = [e for e in events if e["event"] == "write_failed"]
+    assert len(failed) == 1, proc.stderr
+    assert failed[0]["reason"] == "No space left on device"
+    assert failed[0]["path"].startswith(str(small_disk / "store")) and failed[0]["free_bytes"] < LEAVE_FREE
+    assert failed[0]["committed_total"] == len(committed_ids(small_disk / "store")) > 0
