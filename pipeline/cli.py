@@ -193,8 +193,24 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not report.complete:
         out.print(f"re-run the same command to resume: {report.target - report.committed_total} episode(s) to go")
     elif args.export is not None:
-        _export(args.store, args.export, args.repo_id)
+        return _export_in_child(args.store, args.export, args.repo_id)
     return EXIT_OK if report.complete or report.interrupted else EXIT_FAIL
+
+
+def _export_in_child(store: Path, out: Path, repo_id: str | None) -> int:
+    """``generate --export``: the export runs as a child process (its memory is returned when it ends)."""
+    import subprocess
+
+    from demoforge.pipeline.export_child import export_argv
+
+    code = subprocess.run(export_argv(store, out, repo_id, json_report=False), check=False).returncode
+    if code < 0:
+        _console(stderr=True).print(f"demoforge generate: error: the export process was killed (signal {-code}); "
+                                    f"the dataset {out} stays at its last published version and the store is "
+                                    f"intact; run `demoforge export --store {store} --out {out}` to retry",
+                                    markup=False)
+        return EXIT_FAIL
+    return code
 
 
 # -------------------------------------------------------------------------------------------- status
@@ -226,7 +242,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------------------- export
-def _export(store: Path, out: Path, repo_id: str | None) -> int:
+def _export(store: Path, out: Path, repo_id: str | None, json_report: bool = False) -> int:
     from demoforge.pipeline.faults import export_pause
     from demoforge.storage.lerobot_export import export_store
 
@@ -234,6 +250,12 @@ def _export(store: Path, out: Path, repo_id: str | None) -> int:
     report = export_store(store, out, repo_id=repo_id, stage_pause=export_pause(),
                           progress=lambda done, total: console.print(f"exported {done}/{total}")
                           if console.is_terminal or done == total or done % 50 == 0 else None)
+    if json_report:  # one line, read by the daemon (pipeline/export_child.py)
+        print(json.dumps({"dataset": str(report.dataset), "version": report.version, "exported": report.exported,
+                          "total_episodes": report.total_episodes, "total_frames": report.total_frames,
+                          "quarantined": report.quarantined, "reconciled": report.reconciled,
+                          "elapsed_s": round(report.elapsed_s, 3)}))
+        return EXIT_OK
     out_console = _console()
     if report.quarantined:
         out_console.print(f"quarantined {len(report.quarantined)} corrupt episode(s), not exported: "
@@ -249,7 +271,7 @@ def _export(store: Path, out: Path, repo_id: str | None) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    return _export(args.store, args.out, args.repo_id)
+    return _export(args.store, args.out, args.repo_id, json_report=args.json)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -384,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True, metavar="DATASET_DIR")
     p.add_argument("--repo-id", default=None)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line (default: off)")
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("validate", help="check an exported dataset and load it with LeRobotDataset "

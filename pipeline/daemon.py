@@ -106,20 +106,26 @@ class GenerationDaemon:
     async def _export(self, why: str) -> None:
         if self.config.export_dir is None:
             return
-        from demoforge.pipeline.faults import export_pause
-        from demoforge.storage.lerobot_export import export_store
+        from demoforge.pipeline.export_child import export_in_child
 
         self._since_export = 0
         started = time.monotonic()
-        pause = export_pause()  # DEMOFORGE_EXPORT_PAUSE: fault injection (tools/crash_campaign.py), unset normally
-        report = await anyio.to_thread.run_sync(lambda: export_store(self.config.store, self.config.export_dir,
-                                                                     repo_id=self.config.repo_id, stage_pause=pause))
-        self._exported_total = report.total_episodes
+        # A child process: the export's memory is returned when it ends, and its crash is not the daemon's.
+        # DEMOFORGE_EXPORT_PAUSE (fault injection, tools/crash_campaign.py) reaches it through the environment.
+        outcome = await export_in_child(self.config.store, self.config.export_dir, self.config.repo_id)
+        if not outcome.ok:
+            self.metrics.export_failures.inc()
+            self.log.emit("export_failed", why=why, child=outcome.exit_text(), error=outcome.error,
+                          seconds=round(time.monotonic() - started, 2),
+                          note="the dataset stays at its last published version; retried at the next export")
+            return
+        report = outcome.report or {}
+        self._exported_total = int(report["total_episodes"])
         self.metrics.last_export.set(time.time())
-        self.metrics.exported_total.set(report.total_episodes)
-        self.metrics.export_lag.set(max(0, self.runner.stats.total_committed - report.total_episodes))
-        self.log.emit("export", why=why, added=report.exported, total_episodes=report.total_episodes,
-                      version=report.version, quarantined=len(report.quarantined),
+        self.metrics.exported_total.set(self._exported_total)
+        self.metrics.export_lag.set(max(0, self.runner.stats.total_committed - self._exported_total))
+        self.log.emit("export", why=why, added=report["exported"], total_episodes=report["total_episodes"],
+                      version=report["version"], quarantined=len(report["quarantined"]),
                       seconds=round(time.monotonic() - started, 2))
 
     async def _export_loop(self) -> None:

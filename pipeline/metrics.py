@@ -32,6 +32,8 @@ class JobMetrics:
                                  registry=r)
         self.last_export = Gauge("demoforge_last_export_timestamp_seconds", "Unix time of the last export",
                                  registry=r)
+        self.export_failures = Counter("demoforge_export_failures", "Exports whose child process failed or was "
+                                       "killed (the dataset kept its last version)", registry=r)
         self.export_lag = Gauge("demoforge_export_lag_episodes", "Committed episodes not yet exported", registry=r)
         self.exported_total = Gauge("demoforge_exported_episodes", "Episodes in the published dataset", registry=r)
         self.paused = Gauge("demoforge_generation_paused", "1 while generation is paused (low disk space)",

@@ -5,6 +5,11 @@
 Prints a table per interval and a verdict: RSS flat (mean of the last quarter within 5% of the second
 quarter) and no throughput decay (last quarter's frames/s at least 90% of the second quarter's).
 Exit status 1 when either check fails.
+
+    .venv/bin/python tools/soak.py --duration 600 --compare-exports-off --export-every 5 ...
+
+also runs a second daemon with exports off, side by side, and prints the ratio of their RSS (exports run
+in a child process, so the exporting daemon's own RSS should stay within 10% of the other's).
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ def scrape(port: int) -> dict[str, float]:
 
 def write_job(folder: Path, task: str, options: str, codec: str, port: int, export_every: int) -> Path:
     job = folder / "job.toml"
+    export = "" if export_every <= 0 else f"""
+[export]
+dir = "dataset"
+every_episodes = {export_every}
+every_seconds = 300"""
     job.write_text(f"""
 [job]
 task = "{task}"
@@ -53,11 +63,7 @@ options = {{ {options} }}
 [video]
 codec = "{codec}"
 [store]
-dir = "store"
-[export]
-dir = "dataset"
-every_episodes = {export_every}
-every_seconds = 300
+dir = "store"{export}
 [metrics]
 address = "127.0.0.1:{port}"
 [shutdown]
@@ -76,7 +82,38 @@ def main() -> int:
     parser.add_argument("--export-every", type=int, default=25)
     parser.add_argument("--out", type=Path, default=None, help="CSV of the samples")
     parser.add_argument("--keep", action="store_true", help="keep the store and dataset")
+    parser.add_argument("--compare-exports-off", action="store_true",
+                        help="also run a daemon with exports off, side by side, and compare RSS (default: off)")
     args = parser.parse_args()
+    baseline = start_baseline(args) if args.compare_exports_off else None
+    try:
+        code = soak(args, baseline)
+    finally:
+        if baseline is not None:
+            stop(baseline[0])
+    return code
+
+
+def start_baseline(args: argparse.Namespace) -> tuple[subprocess.Popen, Path, list[float]]:
+    folder = Path(tempfile.mkdtemp(prefix="demoforge-soak-noexport-"))
+    job = write_job(folder, args.task, args.options, args.codec, free_port(), 0)
+    env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"), HF_HUB_OFFLINE="1")
+    log = open(folder / "daemon.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "demoforge.pipeline.cli", "daemon", "--config", str(job),
+                             "--json-logs"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    return proc, folder, []
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def soak(args: argparse.Namespace, baseline: tuple[subprocess.Popen, Path, list[float]] | None) -> int:
 
     folder = Path(tempfile.mkdtemp(prefix="demoforge-soak-"))
     port = free_port()
@@ -107,6 +144,8 @@ def main() -> int:
                       "q_encode_write": m.get('demoforge_queue_depth{queue="encode->write"}', 0.0),
                       "q_write_commit": m.get('demoforge_queue_depth{queue="write->commit"}', 0.0)}
             last_frames, last_t = frames, now
+            if baseline is not None and baseline[0].poll() is None:
+                baseline[2].append(rss_mb(baseline[0].pid))
             samples.append(sample)
             print(f"{sample['t']:>7.0f}{sample['rss_mb']:>9.1f}{sample['fps']:>10.1f}{sample['episodes']:>10.0f}"
                   f"{sample['q_step_encode']:>14.0f}{sample['q_encode_write']:>12.0f}{sample['q_write_commit']:>12.0f}",
@@ -139,12 +178,27 @@ def main() -> int:
     print(f"RSS flat (within 5%): {'yes' if rss_ok else 'NO'} ({(rss4 / rss2 - 1) * 100:+.1f}%); "
           f"throughput kept (>= 90%): {'yes' if fps_ok else 'NO'} ({(fps4 / fps2 - 1) * 100:+.1f}%); "
           f"episodes committed: {samples[-1]['episodes']:.0f}; exit code of the daemon: {proc.returncode}")
+    compare_ok = True
+    if baseline is not None and baseline[2]:
+        base = baseline[2]
+        rss_all = [s["rss_mb"] for s in samples]
+        ratio_mean = statistics.mean(rss_all) / statistics.mean(base)
+        ratio_peak = max(rss_all) / max(base)
+        compare_ok = ratio_peak <= 1.10
+        print(f"daemon RSS with exports every {args.export_every} episodes vs exports off: mean "
+              f"{statistics.mean(rss_all):.1f} vs {statistics.mean(base):.1f} MB ({(ratio_mean - 1) * 100:+.1f}%), "
+              f"peak {max(rss_all):.1f} vs {max(base):.1f} MB ({(ratio_peak - 1) * 100:+.1f}%); within 10%: "
+              f"{'yes' if compare_ok else 'NO'}")
+        import json as _json
+        exports = sum(1 for line in (folder / "daemon.log").read_text().splitlines()
+                      if line.startswith("{") and _json.loads(line).get("event") == "export")
+        print(f"exports during the soak: {exports}")
     if args.keep:
         print(f"kept {folder}")
     else:
         import shutil
         shutil.rmtree(folder, ignore_errors=True)
-    return 0 if rss_ok and fps_ok and proc.returncode == 0 else 1
+    return 0 if rss_ok and fps_ok and compare_ok and proc.returncode == 0 else 1
 
 
 if __name__ == "__main__":

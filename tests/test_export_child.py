@@ -1,0 +1,70 @@
+"""The daemon exports in a child process: a killed (crashed, OOM-killed) export child leaves the daemon
+generating, is logged, is retried at the next export moment, and the dataset keeps its last version."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from demoforge.storage.validate import validate_dataset
+from test_daemon import committed, events, scrape, start, wait_for, write_job
+
+pytestmark = pytest.mark.slow
+
+
+def export_children(parent: int) -> list[int]:
+    """Pids of ``demoforge export`` processes whose parent is ``parent`` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"export" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def published_version(dataset: Path) -> str:
+    return os.readlink(dataset).rsplit("/", 1)[-1]
+
+
+def test_killed_export_child_is_logged_retried_and_generation_goes_on(tmp_path: Path) -> None:
+    job, port = write_job(tmp_path, every=3, step_sleep=0.02)
+    dataset = tmp_path / "dataset"
+    # Each export step sleeps 0.5 s, so the child is alive long enough to be killed mid-export.
+    proc = start(job, DEMOFORGE_EXPORT_PAUSE="0.5")
+    try:
+        wait_for(lambda: dataset.is_symlink())  # the first export published
+        first = published_version(dataset)
+        child = wait_for(lambda: export_children(proc.pid), timeout=120)[0]
+        os.kill(child, signal.SIGKILL)  # what the OOM killer does
+        killed_at = scrape(port)["demoforge_episodes_committed_total"]
+        assert published_version(dataset) == first  # the dataset kept its last published version
+        wait_for(lambda: scrape(port)["demoforge_export_failures_total"] >= 1)
+        # The daemon keeps generating, and a later export succeeds.
+        wait_for(lambda: scrape(port)["demoforge_episodes_committed_total"] >= killed_at + 3)
+        wait_for(lambda: published_version(dataset) != first, timeout=180)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    log = events(err)
+    failed = [e for e in log if e["event"] == "export_failed"]
+    assert failed and failed[0]["child"] == "killed by SIGKILL", err
+    assert "last published version" in failed[0]["note"]
+    after = [e for e in log[log.index(failed[0]):] if e["event"] == "export"]
+    assert after, "an export after the failure should have succeeded"
+    assert not list((tmp_path / "dataset.versions").glob("*.partial"))
+    rows, _staging = committed(tmp_path / "store")
+    report = validate_dataset(dataset)
+    assert report.status == 0 and report.episodes == len(rows)
