@@ -471,13 +471,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError
     from demoforge.storage.catalog import JobMismatchError
     from demoforge.storage.lerobot_export import ExportError
+    from demoforge.storage.staging import StagingFormatError
     from demoforge.storage.store import StoreError
     from demoforge.storage.write_errors import is_write_error
 
     args = build_parser().parse_args(argv)
     limit_malloc_arenas()
     known = (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
-             ExportError, DaemonConfigError)
+             ExportError, DaemonConfigError, StagingFormatError)
     err = _console(stderr=True)
     try:
         try:

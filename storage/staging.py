@@ -1,23 +1,39 @@
-"""Zarr staging: each attempt's numeric data and encoded camera streams, written in whole chunks.
+"""Zarr staging: each attempt's numeric data and encoded camera streams, written in whole shards.
 
-Layout under ``STORE/staging.zarr``::
+Layout under ``STORE/staging.zarr`` (staging format 2)::
 
-    episodes/<episode_id>/state/<feature>   (N, *shape) float32   chunks of ``chunk_frames`` frames
-    episodes/<episode_id>/action            (N, A) float32
-    episodes/<episode_id>/reward            (N,) float32
-    episodes/<episode_id>/annotations       (N, 8) int32          columns = contract.ANNOTATION_KEYS
-    episodes/<episode_id>/video/<camera>    (B,) uint8            fragmented MP4 bytes, 1 MiB chunks
+    episodes/<episode_id>/                   group; attribute demoforge_staging_format = 2
+    episodes/<episode_id>/state.<feature>    (N, *shape) float32   shards of 1024 frames (16 chunks of 64)
+    episodes/<episode_id>/action             (N, A) float32
+    episodes/<episode_id>/reward             (N,) float32
+    episodes/<episode_id>/annotations        (N, 8) int32          columns = contract.ANNOTATION_KEYS
+    episodes/<episode_id>/video.<camera>     (B,) uint8            fragmented MP4 bytes, shards of 4 MiB
+                                                                   (64 chunks of 64 KiB)
 
-Arrays are created with a fixed, very large shape and written chunk by chunk, so no write ever rewrites
+Zarr v3 sharding: each array stores one file per shard (``c/<i>/0``) plus its ``zarr.json``, so an episode
+of up to 1024 frames is ``1 + 2 x arrays`` files whatever its length (11 for ALOHA, was 28), and a long one
+adds one file per array per 1024 frames. A shard is written once, whole: the writer buffers a shard's rows
+(1024 x row bytes: ~150 KB for ALOHA) and a camera's bytes (at most 4 MiB), so memory stays bounded for any
+episode length. Inside a shard, chunks keep ``chunk_frames`` rows so a reader can decode a few frames
+without the whole shard, and a video tail pads to 64 KiB, not to the 1 MiB chunk of format 1 (a 20-frame
+toy episode took 1.1 MB on disk, now ~70 KB).
+
+Arrays are created with a fixed, very large shape and written shard by shard, so no write ever rewrites
 ``zarr.json`` (zarr's ``append`` writes the new shape before the data: after a crash the shape can run ahead
 of the data). The durable lengths (frames, video bytes) live in the catalog row written at commit; readers
-slice with them and never trust an array's shape. Every chunk carries a crc32c checksum (last codec), so
-a flipped or truncated chunk fails loudly on read.
+slice with them and never trust an array's shape. Every chunk carries a crc32c checksum (last codec) and so
+does every shard's index, so a flipped byte or a truncated shard fails loudly on read.
+
+Staging format 1 (no format attribute: ``state/<feature>``, ``video/<camera>``, unsharded 64-frame and 1 MiB
+chunks) is still read, so stores written before format 2 keep working; new episodes in them are written in
+format 2. A store whose catalog records a newer format than this code knows is refused
+(:class:`StagingFormatError`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -34,13 +50,28 @@ from demoforge.storage.write_errors import writing
 
 MAX_FRAMES = 1 << 31  # the nominal shape; only written chunks exist on disk
 MAX_VIDEO_BYTES = 1 << 46
-VIDEO_CHUNK_BYTES = 1 << 20
+STAGING_FORMAT = 2  # what this code writes; it reads 1 and 2
+FORMAT_ATTRIBUTE = "demoforge_staging_format"
+SHARD_CHUNKS = 16  # chunks of ``chunk_frames`` rows per shard: 1024 frames, one shard for most episodes
+VIDEO_CHUNK_BYTES = 1 << 16  # 64 KiB: the most a video tail is padded
+VIDEO_SHARD_BYTES = 1 << 22  # 4 MiB per camera: the writer's buffer, and the file size of a long stream
+V1_VIDEO_CHUNK_BYTES = 1 << 20  # format 1: unsharded 1 MiB chunks
 STAGING_DIR = "staging.zarr"
 EPISODE_ID = re.compile(r"ep[0-9]{8,}-a[0-9]{2,}")  # pipeline.records.AttemptKey.episode_id
 
 
 class StagingCorruptError(Exception):
     """A staged chunk failed its checksum, is missing, or disagrees with the catalog's counts."""
+
+
+class StagingFormatError(RuntimeError):
+    """The staging data was written in a format this code does not read (a newer demoforge)."""
+
+
+def array_path(name: str, staging_format: int) -> str:
+    """Where a logical array (``state/<f>``, ``action``, ``video/<camera>``, ...) lives in an episode group:
+    format 1 nests ``state`` and ``video`` groups; format 2 flattens them (two fewer ``zarr.json`` files)."""
+    return name if staging_format == 1 else name.replace("/", ".", 1)
 
 
 @dataclass(frozen=True)
@@ -63,7 +94,7 @@ def _numeric_codecs() -> dict:
 
 
 class _ChunkBuffer:
-    """Accumulates rows and writes them to a Zarr array one whole chunk at a time."""
+    """Accumulates rows and writes them to a Zarr array one whole shard at a time."""
 
     def __init__(self, array: zarr.Array, chunk_rows: int, row_shape: tuple[int, ...], dtype: np.dtype) -> None:
         self.array = array
@@ -88,20 +119,21 @@ class _ChunkBuffer:
 
 
 class _ByteStream:
-    """An append-only byte stream stored as a 1-D uint8 array in whole chunks."""
+    """An append-only byte stream stored as a 1-D uint8 array in whole shards."""
 
-    def __init__(self, array: zarr.Array) -> None:
+    def __init__(self, array: zarr.Array, shard_bytes: int) -> None:
         self.array = array
+        self.shard = shard_bytes
         self.pending = bytearray()
         self.written = 0
         self.hash = hashlib.blake2b(digest_size=16)
 
     def add(self, data: bytes) -> bool:
         self.pending += data
-        return len(self.pending) >= VIDEO_CHUNK_BYTES
+        return len(self.pending) >= self.shard
 
     def flush(self, final: bool) -> None:
-        whole = len(self.pending) if final else len(self.pending) // VIDEO_CHUNK_BYTES * VIDEO_CHUNK_BYTES
+        whole = len(self.pending) if final else len(self.pending) // self.shard * self.shard
         if whole:
             data = np.frombuffer(bytes(self.pending[:whole]), dtype=np.uint8)
             self.array[self.written:self.written + whole] = data
@@ -117,14 +149,16 @@ class EpisodeWriter:
         self.path = path
         self.episode_id = episode_id
         self.layout = layout
-        group = root.require_group(f"episodes/{episode_id}")
+        group = root.create_group(f"episodes/{episode_id}", attributes={FORMAT_ATTRIBUTE: STAGING_FORMAT})
         c = layout.chunk_frames
+        shard = c * SHARD_CHUNKS
         self._numeric: dict[str, _ChunkBuffer] = {}
 
         def numeric(name: str, shape: tuple[int, ...], dtype: str) -> None:
-            arr = group.create_array(name, shape=(MAX_FRAMES, *shape), chunks=(c, *shape), dtype=dtype,
-                                     fill_value=0, config=_WRITE_EVERY_CHUNK, **_numeric_codecs())
-            self._numeric[name] = _ChunkBuffer(arr, c, shape, np.dtype(dtype))
+            arr = group.create_array(array_path(name, STAGING_FORMAT), shape=(MAX_FRAMES, *shape),
+                                     chunks=(c, *shape), shards=(shard, *shape), dtype=dtype, fill_value=0,
+                                     config=_WRITE_EVERY_CHUNK, **_numeric_codecs())
+            self._numeric[name] = _ChunkBuffer(arr, shard, shape, np.dtype(dtype))
 
         for feature, shape in layout.state_shapes.items():
             numeric(f"state/{feature}", tuple(shape), "float32")
@@ -133,15 +167,16 @@ class EpisodeWriter:
         numeric("annotations", (len(ANNOTATION_KEYS),), "int32")
         self._video: dict[str, _ByteStream] = {}
         for camera in layout.cameras:
-            arr = group.create_array(f"video/{camera}", shape=(MAX_VIDEO_BYTES,), chunks=(VIDEO_CHUNK_BYTES,),
-                                     dtype="uint8", fill_value=0, compressors=[Crc32cCodec()],
-                                     serializer=BytesCodec(), config=_WRITE_EVERY_CHUNK)
-            self._video[camera] = _ByteStream(arr)
+            arr = group.create_array(array_path(f"video/{camera}", STAGING_FORMAT), shape=(MAX_VIDEO_BYTES,),
+                                     chunks=(VIDEO_CHUNK_BYTES,), shards=(VIDEO_SHARD_BYTES,), dtype="uint8",
+                                     fill_value=0, compressors=[Crc32cCodec()], serializer=BytesCodec(),
+                                     config=_WRITE_EVERY_CHUNK)
+            self._video[camera] = _ByteStream(arr, VIDEO_SHARD_BYTES)
         self.frames = 0
 
     def add_frame(self, state: Mapping[str, np.ndarray], action: np.ndarray, reward: float,
                   annotations: tuple[int, ...]) -> bool:
-        """Buffer one frame's numbers; True when whole chunks are ready for :meth:`flush_full`."""
+        """Buffer one frame's numbers; True when whole shards are ready for :meth:`flush_full`."""
         if set(state) != set(self.layout.state_shapes):
             raise ValueError(f"frame state keys {sorted(state)} differ from the job's "
                              f"{sorted(self.layout.state_shapes)}")
@@ -155,11 +190,11 @@ class EpisodeWriter:
         return full
 
     def add_video(self, camera: str, data: bytes) -> bool:
-        """Buffer encoded bytes of one camera; True when a whole chunk is ready."""
+        """Buffer encoded bytes of one camera; True when a whole shard is ready."""
         return self._video[camera].add(data) if data else False
 
     def flush_full(self) -> None:
-        """Write every whole chunk (blocking I/O: call it from a worker thread)."""
+        """Write every whole shard (blocking I/O: call it from a worker thread)."""
         with writing(f"staged data of episode {self.episode_id}", self.path):
             for buf in self._numeric.values():
                 if buf.fill == buf.chunk:
@@ -168,7 +203,7 @@ class EpisodeWriter:
                 stream.flush(final=False)
 
     def flush_all(self) -> dict[str, int]:
-        """Write the partial tail chunks; returns the byte length of each camera stream."""
+        """Write the partial tail shards; returns the byte length of each camera stream."""
         with writing(f"staged data of episode {self.episode_id}", self.path):
             for buf in self._numeric.values():
                 buf.flush()
@@ -254,33 +289,55 @@ class StagingStore:
             fsync_dir(path.parent)
             fsync_dir(self.path)
 
+    def episode_format(self, episode_id: str) -> int:
+        """The staging format of one staged episode (1 when the group has no format attribute)."""
+        try:
+            attrs = json.loads((self.episode_path(episode_id) / "zarr.json").read_text()).get("attributes", {})
+        except (OSError, ValueError) as exc:
+            raise StagingCorruptError(f"episode {episode_id}: group metadata cannot be read ({exc})") from exc
+        staging_format = attrs.get(FORMAT_ATTRIBUTE, 1)
+        if staging_format not in (1, STAGING_FORMAT):
+            raise StagingFormatError(f"episode {episode_id} is in staging format {staging_format!r}; this demoforge "
+                                     f"reads formats 1 and {STAGING_FORMAT}: use a newer demoforge")
+        return int(staging_format)
+
     def read_episode(self, episode_id: str, frames: int, video_bytes: Mapping[str, int]) -> StagedEpisode:
         """Read a committed episode back, verifying every chunk's checksum."""
+        staging_format = self.episode_format(episode_id)
+
+        def path(name: str) -> str:
+            return array_path(name, staging_format)
+
         try:
             group = zarr.open_group(str(self.episode_path(episode_id)), mode="r")
-            state = {f: np.asarray(group[f"state/{f}"][:frames]) for f in self.layout.state_shapes}
+            state = {f: np.asarray(group[path(f"state/{f}")][:frames]) for f in self.layout.state_shapes}
             action = np.asarray(group["action"][:frames])
             reward = np.asarray(group["reward"][:frames])
             annotations = np.asarray(group["annotations"][:frames])
-            video = {c: np.asarray(group[f"video/{c}"][:video_bytes[c]]).tobytes() for c in self.layout.cameras}
+            video = {c: np.asarray(group[path(f"video/{c}")][:video_bytes[c]]).tobytes() for c in self.layout.cameras}
         except (ValueError, KeyError, FileNotFoundError, OSError) as exc:
             raise StagingCorruptError(f"episode {episode_id}: {type(exc).__name__}: {exc}") from exc
-        self._check_chunks_exist(episode_id, frames, video_bytes)
+        self._check_chunks_exist(episode_id, frames, video_bytes, staging_format)
         return StagedEpisode(state, action, reward, annotations, video)
 
-    def _check_chunks_exist(self, episode_id: str, frames: int, video_bytes: Mapping[str, int]) -> None:
-        """A missing chunk reads back as the fill value; make that an error for committed data."""
+    def _check_chunks_exist(self, episode_id: str, frames: int, video_bytes: Mapping[str, int],
+                            staging_format: int = STAGING_FORMAT) -> None:
+        """A missing chunk (format 1) or shard (format 2) reads back as the fill value; make that an error for
+        committed data. (Within a shard every chunk is listed in the shard's checksummed index.)"""
         base = self.episode_path(episode_id)
-        c = self.layout.chunk_frames
+        rows = self.layout.chunk_frames * (SHARD_CHUNKS if staging_format == 2 else 1)
+        video_unit = VIDEO_SHARD_BYTES if staging_format == 2 else V1_VIDEO_CHUNK_BYTES
         expected: list[Path] = []
-        n_chunks = -(-frames // c)
+        n_files = -(-frames // rows)
         row_dims = {**{f"state/{f}": len(s) for f, s in self.layout.state_shapes.items()},
                     "action": len(self.layout.action_shape), "reward": 0, "annotations": 1}
         for name, dims in row_dims.items():
-            expected += [base / name / "c" / str(i) / ("/".join(["0"] * dims)) if dims else base / name / "c" / str(i)
-                         for i in range(n_chunks)]
+            folder = base / array_path(name, staging_format) / "c"
+            expected += [folder / str(i) / ("/".join(["0"] * dims)) if dims else folder / str(i)
+                         for i in range(n_files)]
         for camera, size in video_bytes.items():
-            expected += [base / "video" / camera / "c" / str(i) for i in range(-(-size // VIDEO_CHUNK_BYTES))]
+            folder = base / array_path(f"video/{camera}", staging_format) / "c"
+            expected += [folder / str(i) for i in range(-(-size // video_unit))]
         missing = [str(p.relative_to(base)) for p in expected if not p.exists()]
         if missing:
             raise StagingCorruptError(f"episode {episode_id}: missing chunks {missing[:5]}")

@@ -11,7 +11,7 @@ from typing import Any
 
 from demoforge.storage.catalog import CATALOG_FILE, Catalog
 from demoforge.storage.recovery import RecoveryReport, recover
-from demoforge.storage.staging import STAGING_DIR, EpisodeLayout, StagingCorruptError, StagingStore
+from demoforge.storage.staging import STAGING_DIR, STAGING_FORMAT, EpisodeLayout, StagingCorruptError, StagingStore
 
 LOCK_FILE = "writer.lock"
 NAME_MAX = 255  # bytes in one path component (Linux filesystems)
@@ -97,6 +97,18 @@ def layout_from_fingerprint(fingerprint: Mapping[str, Any]) -> EpisodeLayout:
                          chunk_frames=int(fingerprint["chunk_frames"]))
 
 
+def _check_staging_format(catalog: Catalog, path: Path) -> None:
+    """Refuse a store a newer demoforge wrote; record that this one writes format 2 (a store without the key
+    was written in format 1, whose episodes stay readable)."""
+    recorded = catalog.get_meta("staging_format")
+    if isinstance(recorded, int) and recorded > STAGING_FORMAT:
+        catalog.close()
+        raise StoreError(f"{short_path(path)} was written by a newer demoforge (staging format {recorded}); this one "
+                         f"writes format {STAGING_FORMAT} and reads formats 1 to {STAGING_FORMAT}: upgrade demoforge")
+    if recorded != STAGING_FORMAT:
+        catalog.set_meta("staging_format", STAGING_FORMAT)
+
+
 class JobStore:
     """Opened for writing: holds the lock until :meth:`close`."""
 
@@ -128,6 +140,7 @@ class JobStore:
         try:
             catalog = Catalog(path)
             created = catalog.bind_job(fingerprint)
+            _check_staging_format(catalog, path)
             staging = StagingStore(path, layout_from_fingerprint(fingerprint))
             report = recover(catalog, staging)
         except StagingCorruptError as exc:  # e.g. an unsafe episode id in a tampered catalog

@@ -184,7 +184,7 @@ def test_truncated_chunk_is_detected(tmp_path):
     run_job(toy(2), store)
     catalog, staging = open_staging(store)
     row = catalog.committed()[0]
-    video_chunk = staging.episode_path(row.episode_id) / "video" / "cam" / "c" / "0"
+    video_chunk = staging.episode_path(row.episode_id) / "video.cam" / "c" / "0"  # one shard
     video_chunk.write_bytes(video_chunk.read_bytes()[:-7])
     report = verify_store(catalog, staging)
     assert [p.episode_id for p in report.problems] == [row.episode_id]

@@ -168,7 +168,7 @@ def flushed(store: Path, episode_id: str) -> bool:
         import zarr
 
         array = zarr.open_array(str(base), mode="r")
-        c = array.chunks[0]
+        c = (getattr(array, "shards", None) or array.chunks)[0]  # files are shards in staging format 2
         rows = np.asarray(array[chunks[-1] * c:(chunks[-1] + 1) * c])
     except Exception:  # a chunk being written right now: not flushed yet
         return False
