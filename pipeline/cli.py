@@ -234,6 +234,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     states = summary["attempts_by_state"]
     console.print("attempts: " + (", ".join(f"{k}={v}" for k, v in sorted(states.items())) or "none"))
     console.print(f"committed frames: {summary['committed_frames']}")
+    if summary.get("pruned"):
+        console.print(f"pruned: {summary['pruned']} exported episode(s) hold no staged data any more "
+                      "(`demoforge prune`); the dataset has them")
     reasons = summary["discarded_by_reason"]
     console.print("discarded by reason: " + (", ".join(f"{k}={v}" for k, v in sorted(reasons.items())) or "none"))
     cleaned = Counter(r["action"] for r in summary["recovery"])
@@ -254,9 +257,13 @@ def _export(store: Path, out: Path, repo_id: str | None, json_report: bool = Fal
         print(json.dumps({"dataset": str(report.dataset), "version": report.version, "exported": report.exported,
                           "total_episodes": report.total_episodes, "total_frames": report.total_frames,
                           "quarantined": report.quarantined, "reconciled": report.reconciled,
+                          "pruned_elsewhere": list(report.pruned_elsewhere),
                           "elapsed_s": round(report.elapsed_s, 3)}))
         return EXIT_OK
     out_console = _console()
+    if report.pruned_elsewhere:
+        out_console.print(f"{len(report.pruned_elsewhere)} episode(s) are not in {out} and cannot be exported: their "
+                          "staged data was pruned after an export to another dataset")
     if report.quarantined:
         out_console.print(f"quarantined {len(report.quarantined)} corrupt episode(s), not exported: "
                           f"{', '.join(report.quarantined)} (see `demoforge verify --store {store}`)")
@@ -342,6 +349,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         catalog.close()
     if args.json:
         print(json.dumps({"checked": report.checked, "ok": report.ok, "quarantined": report.quarantined,
+                          "pruned": report.pruned,
                           "problems": [{"episode_id": p.episode_id, "problem": p.problem} for p in report.problems]},
                          indent=2))
     else:
@@ -349,8 +357,42 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for p in report.problems:
             console.print(f"[red]BAD[/red] {p.episode_id}: {p.problem}")
         verdict = "all good" if report.ok else f"{len(report.problems)} bad, {len(report.quarantined)} quarantined"
-        console.print(f"verified {report.checked} committed episode(s) in {args.store}: {verdict}")
+        skipped = f" ({report.pruned} pruned after export, not re-read)" if report.pruned else ""
+        console.print(f"verified {report.checked} committed episode(s) in {args.store}{skipped}: {verdict}")
     return EXIT_OK if report.ok else EXIT_FAIL
+
+
+# --------------------------------------------------------------------------------------------- prune
+def cmd_prune(args: argparse.Namespace) -> int:
+    from demoforge.storage.catalog import Catalog
+    from demoforge.storage.prune import prune_exported
+    from demoforge.storage.staging import StagingStore
+    from demoforge.storage.store import StoreError, acquire_lock, layout_from_fingerprint, open_catalog_readonly
+    from demoforge.storage.write_errors import human_bytes
+
+    if not args.exported:
+        raise StoreError("say what to prune: --exported (the staged data of episodes already exported)")
+    open_catalog_readonly(args.store).close()  # refuses what is not a store, before taking its lock
+    lock_fd = acquire_lock(args.store)  # no generate or daemon may run meanwhile (the daemon has its own option)
+    try:
+        catalog = Catalog(args.store)
+        try:
+            fingerprint = catalog.fingerprint()
+            if fingerprint is None:
+                raise StoreError(f"{args.store} has no job fingerprint; nothing was ever generated there")
+            staging = StagingStore(args.store, layout_from_fingerprint(fingerprint))
+            console = _console(stderr=True)
+            report = prune_exported(catalog, staging, progress=lambda done, total: console.print(
+                f"pruned {done}/{total}") if done == total or done % 500 == 0 else None)
+        finally:
+            catalog.close()
+    finally:
+        os.close(lock_fd)
+    finished = f" (and finished {report.finished} an interrupted prune had started)" if report.finished else ""
+    _console().print(f"pruned the staged data of {report.pruned} exported episode(s){finished} in {args.store}, "
+                     f"freeing {human_bytes(report.freed_bytes)}; their catalog rows are kept; "
+                     f"{report.kept_committed} committed episode(s) not yet exported were kept")
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -443,6 +485,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-quarantine", action="store_true", help="report only; do not quarantine bad episodes")
     p.set_defaults(fn=cmd_verify)
+    p = sub.add_parser("prune", help="delete the staged data of episodes already exported (keeps catalog rows)",
+                       epilog="example: demoforge prune --store runs/fetch --exported")
+    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--exported", action="store_true",
+                   help="prune every exported episode: the dataset holds it; export never needs it again "
+                        "(default: off; required)")
+    p.set_defaults(fn=cmd_prune)
+
     for command in sub.choices.values():  # `demoforge generate ... --debug` works too
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                              help="show the full traceback of an error (default: off)")

@@ -127,6 +127,24 @@ class GenerationDaemon:
         self.log.emit("export", why=why, added=report["exported"], total_episodes=report["total_episodes"],
                       version=report["version"], quarantined=len(report["quarantined"]),
                       seconds=round(time.monotonic() - started, 2))
+        if self.config.prune_after_export:
+            pruned = await anyio.to_thread.run_sync(self._prune)
+            self.log.emit("pruned", episodes=pruned.pruned + pruned.finished, freed_bytes=pruned.freed_bytes)
+
+    def _prune(self):
+        """Delete the staged data of exported episodes. The daemon holds the store's lock (its runner), so
+        this uses a connection of its own rather than taking the lock again."""
+        from demoforge.storage.catalog import Catalog
+        from demoforge.storage.prune import prune_exported
+        from demoforge.storage.staging import StagingStore
+        from demoforge.storage.store import layout_from_fingerprint
+
+        catalog = Catalog(self.config.store)
+        try:
+            staging = StagingStore(self.config.store, layout_from_fingerprint(catalog.fingerprint()))
+            return prune_exported(catalog, staging)
+        finally:
+            catalog.close()
 
     async def _export_loop(self) -> None:
         while True:

@@ -25,6 +25,7 @@ class DaemonConfig:
     export_every_episodes: int = 50
     export_every_seconds: float = 600.0
     repo_id: str | None = None
+    prune_after_export: bool = False
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9464
     min_free_mb: int = 1024
@@ -47,7 +48,8 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
               "preset": ((int, str), "encoder preset"), "encoder_threads": ((int,), "threads per encoder")},
     "store": {"dir": ((str,), "staging store directory")},
     "export": {"dir": ((str,), "LeRobot dataset directory"), "every_episodes": ((int,), "episodes between exports"),
-               "every_seconds": ((int, float), "seconds between exports"), "repo_id": ((str,), "dataset repo id")},
+               "every_seconds": ((int, float), "seconds between exports"), "repo_id": ((str,), "dataset repo id"),
+               "prune": ((bool,), "delete the staged data of exported episodes after each export")},
     "metrics": {"address": ((str,), "HOST:PORT for Prometheus metrics, or \"off\"")},
     "disk": {"min_free_mb": ((int,), "pause generation below this free space"),
              "check_seconds": ((int, float), "how often free space is checked")},
@@ -148,6 +150,7 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
         export_dir=resolve(export["dir"]) if "dir" in export else None,
         export_every_episodes=int(numbers["export.every_episodes"]),
         export_every_seconds=float(numbers["export.every_seconds"]), repo_id=export.get("repo_id"),
+        prune_after_export=bool(export.get("prune", False)),
         metrics_host=host or "127.0.0.1", metrics_port=port, min_free_mb=int(numbers["disk.min_free_mb"]),
         disk_check_seconds=float(numbers["disk.check_seconds"]),
         shutdown_deadline_seconds=float(numbers["shutdown.deadline_seconds"]),

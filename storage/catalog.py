@@ -2,9 +2,12 @@
 
 State machine of one attempt::
 
-    staging --commit (data fsynced first)--> committed --export--> exported
+    staging --commit (data fsynced first)--> committed --export--> exported --prune--> exported + pruned
        |                                        |
        +--discard (row first, then files)--> discarded(reason)      +--verify fails--> quarantined
+
+Pruning (``demoforge prune --exported``) records the episode in the ``pruned`` table first, then deletes its
+staged files: the row, its counts and content hash stay; readers of staged data skip pruned episodes.
 
 An attempt whose run died while staging is discarded by recovery with ``counted = 0``: it is retried
 with the same attempt number and seed and does not count against ``max_attempts``.
@@ -57,6 +60,10 @@ CREATE UNIQUE INDEX IF NOT EXISTS one_commit_per_episode
 CREATE UNIQUE INDEX IF NOT EXISTS one_live_attempt
     ON attempts(episode_index, attempt) WHERE state <> 'discarded' OR counted = 1;
 CREATE INDEX IF NOT EXISTS attempts_by_state ON attempts(state);
+CREATE TABLE IF NOT EXISTS pruned (
+    episode_id TEXT PRIMARY KEY,
+    at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS recovery (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     at REAL NOT NULL,
@@ -214,6 +221,28 @@ class Catalog:
                 if cur.rowcount != 1:
                     raise CatalogError(f"cannot mark {episode_id} exported: it is not a committed episode")
 
+    def mark_pruned(self, episode_ids: list[str]) -> list[str]:
+        """Record, in one transaction, that these exported episodes' staged data is (about to be) deleted.
+        Returns the ids marked; anything not exported is refused. The row keeps its state, counts and hash."""
+        now = time.time()
+        with self._tx() as db:
+            for episode_id in episode_ids:
+                state = db.execute("SELECT state FROM attempts WHERE episode_id = ?", (episode_id,)).fetchone()
+                if state is None or state[0] != "exported":
+                    raise CatalogError(f"cannot prune {episode_id}: only exported episodes can be pruned "
+                                       f"(it is {state[0] if state else 'unknown'})")
+                db.execute("INSERT OR IGNORE INTO pruned (episode_id, at) VALUES (?, ?)", (episode_id, now))
+        return list(episode_ids)
+
+    def pruned_ids(self) -> set[str]:
+        """Episodes whose staged data was deleted after export (their rows stay, as ``exported``)."""
+        try:
+            return {r[0] for r in self._query("SELECT episode_id FROM pruned")}
+        except sqlite3.OperationalError as exc:  # a catalog written before pruning existed
+            if "no such table" in str(exc):
+                return set()
+            raise
+
     def log_recovery(self, action: str, detail: str) -> None:
         with self._tx() as db:
             db.execute("INSERT INTO recovery (at, action, detail) VALUES (?, ?, ?)", (time.time(), action, detail))
@@ -260,4 +289,4 @@ class Catalog:
         recovery = [{"at": at, "action": a, "detail": d}
                     for at, a, d in self._query("SELECT at, action, detail FROM recovery ORDER BY id")]
         return {"attempts_by_state": dict(by_state), "discarded_by_reason": dict(reasons),
-                "committed_frames": int(frames[0][0]), "recovery": recovery}
+                "committed_frames": int(frames[0][0]), "pruned": len(self.pruned_ids()), "recovery": recovery}

@@ -68,6 +68,7 @@ class ExportReport:
     quarantined: list[str]
     reconciled: int
     elapsed_s: float
+    pruned_elsewhere: tuple[str, ...] = ()  # pruned episodes this dataset lacks: their staged data is gone
 
 
 # ------------------------------------------------------------------------------------------- schema
@@ -192,12 +193,15 @@ def export_store(store_dir: Path | str, out: Path | str, *, repo_id: str | None 
             # can feed a second dataset, and a crash can fall between publishing and the catalog update.
             present = {e["episode_id"] for e in (target.marker or {}).get("episodes", [])}
             rows = [r for r in catalog.attempts(("committed", "exported")) if r.episode_id not in present]
+            pruned = catalog.pruned_ids()  # exported earlier, staged data deleted: never read (nor quarantined)
+            gone = tuple(r.episode_id for r in rows if r.episode_id in pruned)
+            rows = [r for r in rows if r.episode_id not in pruned]
             episodes, quarantined = _load_episodes(catalog, staging, rows)
             if not episodes:
                 marker = target.marker or {}
                 return ExportReport(out, target.current.name if target.current else None, 0,
                                     int(marker.get("total_episodes", 0)), int(marker.get("total_frames", 0)),
-                                    quarantined, reconciled, time.monotonic() - started)
+                                    quarantined, reconciled, time.monotonic() - started, gone)
             writer = _VersionWriter(target, fingerprint, repo_id or f"demoforge/{fingerprint['task']}", pause)
             version, marker = writer.write(episodes, progress)
             pause("before_catalog")
@@ -205,7 +209,7 @@ def export_store(store_dir: Path | str, out: Path | str, *, repo_id: str | None 
                                    if row.state == "committed"})
             _prune_versions(target.versions, keep=KEEP_VERSIONS)
             return ExportReport(out, version, len(episodes), marker["total_episodes"], marker["total_frames"],
-                                quarantined, reconciled, time.monotonic() - started)
+                                quarantined, reconciled, time.monotonic() - started, gone)
         finally:
             os.close(lock_fd)
     finally:

@@ -4,7 +4,8 @@
   attempt is rerun with the same number and seed; their files are deleted;
 - staged episode folders that no live catalog row refers to are deleted (a discard that died between the
   catalog flip and the delete, or a folder created before its row);
-- zarr ``*.partial`` temp files (a write killed before its rename) are deleted.
+- zarr ``*.partial`` temp files (a write killed before its rename) are deleted;
+- folders of episodes marked pruned that still exist (a prune killed midway) are deleted.
 """
 
 from __future__ import annotations
@@ -21,16 +22,18 @@ class RecoveryReport:
     interrupted: list[str] = field(default_factory=list)
     orphan_dirs: list[str] = field(default_factory=list)
     partial_files: list[str] = field(default_factory=list)
+    finished_prunes: list[str] = field(default_factory=list)
 
     @property
     def cleaned(self) -> int:
-        return len(self.interrupted) + len(self.orphan_dirs) + len(self.partial_files)
+        return len(self.interrupted) + len(self.orphan_dirs) + len(self.partial_files) + len(self.finished_prunes)
 
     def describe(self) -> str:
         if not self.cleaned:
             return "recovery: nothing to clean"
         return (f"recovery: discarded {len(self.interrupted)} interrupted attempt(s), removed "
-                f"{len(self.orphan_dirs)} orphan folder(s) and {len(self.partial_files)} temp file(s)")
+                f"{len(self.orphan_dirs)} orphan folder(s) and {len(self.partial_files)} temp file(s)"
+                + (f"; finished pruning {len(self.finished_prunes)} episode(s)" if self.finished_prunes else ""))
 
 
 def recover(catalog: Catalog, staging: StagingStore) -> RecoveryReport:
@@ -53,6 +56,11 @@ def recover(catalog: Catalog, staging: StagingStore) -> RecoveryReport:
         report.partial_files.append(str(path.relative_to(staging.path)))
     if report.orphan_dirs:
         fsync_dir(staging.path / "episodes")
+    from demoforge.storage.prune import finish_prunes
+
+    for episode_id in finish_prunes(catalog, staging):
+        catalog.log_recovery("finish_prune", episode_id)
+        report.finished_prunes.append(episode_id)
     return report
 
 

@@ -27,6 +27,7 @@ class VerifyReport:
     checked: int
     problems: list[EpisodeProblem] = field(default_factory=list)
     quarantined: list[str] = field(default_factory=list)
+    pruned: int = 0  # exported episodes whose staged data was pruned: nothing to re-read
 
     @property
     def ok(self) -> bool:
@@ -62,7 +63,8 @@ def verify_store(catalog: Catalog, staging: StagingStore, *, quarantine: bool = 
                  decode: bool = True) -> VerifyReport:
     problems: list[EpisodeProblem] = []
     quarantined: list[str] = []
-    rows = catalog.committed()
+    pruned = catalog.pruned_ids()
+    rows = [r for r in catalog.committed() if r.episode_id not in pruned]
     for row in rows:
         try:
             check_episode(staging, row, decode=decode)
@@ -71,4 +73,5 @@ def verify_store(catalog: Catalog, staging: StagingStore, *, quarantine: bool = 
             if quarantine:
                 catalog.quarantine(row.episode_id, f"verify: {exc}")
                 quarantined.append(row.episode_id)
-    return VerifyReport(checked=len(rows), problems=problems, quarantined=quarantined)
+    return VerifyReport(checked=len(rows), problems=problems, quarantined=quarantined,
+                        pruned=len(pruned))

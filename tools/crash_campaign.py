@@ -333,7 +333,10 @@ class Campaign:
                 got = {r["episode_index"]: (r["attempt"], r["seed"], r["frames"], r["content_hash"])
                        for r in live(read_rows(template / "store"))}
                 if got != self.reference:
-                    raise SystemExit(f"crash_campaign: template {template.name} differs from the clean run")
+                    diff = {k: (self.reference.get(k), got.get(k)) for k in sorted(set(got) | set(self.reference))
+                            if got.get(k) != self.reference.get(k)}
+                    raise SystemExit(f"crash_campaign: template {template.name} differs from the clean run: "
+                                     f"(clean, template) by episode index: {diff}")
         print(f"set-up: clean run {self.est['generate']:.1f} s, lerobot import {self.lerobot_import_s:.1f} s, "
               f"work dir {self.work}", flush=True)
 
