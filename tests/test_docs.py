@@ -42,3 +42,35 @@ def test_export_training_snippet_runs(tmp_path):
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "segment ids in this chunk" in result.stdout and "sub-tasks of this episode" in result.stdout
+
+
+def test_api_page_script_runs(tmp_path):
+    """docs/api.md's script, as written, from a fresh process in a scratch folder (its runs/ lands there)."""
+    import subprocess
+    import sys
+
+    from helpers import cli_env
+
+    (block,) = python_blocks("api.md")
+    result = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=cli_env(HF_HUB_OFFLINE="1"),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "2 committed, 2 this run" in result.stdout
+    assert "2 episodes" in result.stdout
+    assert (tmp_path / "runs" / "api-dataset" / "meta" / "info.json").is_file()
+
+
+def test_public_api_names_resolve_without_heavy_imports():
+    """`import demoforge` and the task-author names load without torch or lerobot."""
+    import subprocess
+    import sys
+
+    from helpers import cli_env
+
+    code = ("import sys, demoforge\n"
+            "from demoforge import Segment, RecordedObservation, TaskInfo, CameraSpec, TaskEntry, register\n"
+            "assert 'torch' not in sys.modules and 'lerobot' not in sys.modules, 'heavy import'\n"
+            "missing = [n for n in demoforge.__all__ if getattr(demoforge, n, None) is None]\n"
+            "assert not missing, missing\n")
+    result = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
