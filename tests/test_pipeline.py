@@ -16,7 +16,7 @@ from demoforge.pipeline.executor import derive_seed, run_episodes
 from demoforge.pipeline.job import JobConfigError, JobSpec, VideoSettings
 from demoforge.pipeline.records import AttemptEnded, Frame
 from demoforge.pipeline.runner import JobRunner, run_job
-from demoforge.pipeline.tasks.registry import get_task
+from demoforge.pipeline.tasks.registry import TaskEntry, get_task
 from demoforge.storage.catalog import Catalog, JobMismatchError
 from demoforge.storage.staging import StagingStore
 from demoforge.storage.store import JobStore, StoreError, StoreLockedError, layout_from_fingerprint
@@ -193,7 +193,7 @@ def test_truncated_chunk_is_detected(tmp_path):
     assert result.returncode == 1 and row.episode_id in result.stdout
 
 
-def test_camera_changing_shape_mid_episode_discards_that_attempt(tmp_path):
+def test_camera_changing_shape_mid_episode_discards_that_attempt(tmp_path, register_task):
     class Growing(toy_tasks.CameraPointEnv):
         def demo_record(self, observation):
             rec = super().demo_record(observation)
@@ -201,10 +201,8 @@ def test_camera_changing_shape_mid_episode_discards_that_attempt(tmp_path):
                 return type(rec)(state=rec.state, images={"cam": np.zeros((33, 32, 3), np.uint8)})
             return rec
 
-    from demoforge.pipeline.tasks.registry import TaskEntry, register
-
-    register(TaskEntry(name="toy-growing", defaults=toy_tasks.DEFAULTS,
-                       describe=lambda o: toy_tasks._info(o), make_env=lambda o: Growing(dict(o))))
+    register_task(TaskEntry(name="toy-growing", defaults=toy_tasks.DEFAULTS, describe=toy_tasks.describe,
+                            make_env=lambda o: Growing(dict(o))))
     spec = JobSpec(task="toy-growing", episodes=3, video=H264)
     report = run_job(spec, tmp_path / "store")
     assert report.committed_total == 3 and report.discarded == {"error": 1}
@@ -330,7 +328,7 @@ def test_annotations_are_stored_in_contract_order(tmp_path):
     catalog.close()
 
 
-def test_all_zero_chunks_are_written_and_verify(tmp_path):
+def test_all_zero_chunks_are_written_and_verify(tmp_path, register_task):
     """Zero rewards and zero actions fill whole chunks with the fill value; they must still be on disk."""
     class Still(toy_tasks.CameraPointEnv):
         def create_demo_segments(self):
@@ -341,10 +339,8 @@ def test_all_zero_chunks_are_written_and_verify(tmp_path):
             obs, _reward, terminated, truncated, info = super().step(action)
             return obs, 0.0, terminated, truncated, info
 
-    from demoforge.pipeline.tasks.registry import TaskEntry, register
-
-    register(TaskEntry(name="toy-still", defaults=toy_tasks.DEFAULTS, describe=lambda o: toy_tasks._info(o),
-                       make_env=lambda o: Still(dict(o))))
+    register_task(TaskEntry(name="toy-still", defaults=toy_tasks.DEFAULTS, describe=toy_tasks.describe,
+                            make_env=lambda o: Still(dict(o))))
     run_job(JobSpec(task="toy-still", episodes=1, video=H264), tmp_path / "store")
     catalog, staging = open_staging(tmp_path / "store")
     assert verify_store(catalog, staging).ok
