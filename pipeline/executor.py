@@ -384,10 +384,6 @@ class _RowSlot:
     def active(self) -> bool:
         return self.attempt is not None
 
-    @property
-    def ended(self) -> bool:
-        return self.attempt is not None and self.attempt.result is not None
-
     def start(self, attempt: _Attempt) -> None:
         self.attempt = attempt
         self.frames = 0
@@ -551,6 +547,7 @@ class Executor:
             yield from self._settle(slot, slots, feed)
 
     def run(self, work: WorkSource) -> Iterator[Record]:
+        """Yield every record until the work runs dry (or ``interrupt``): refill idle rows, then step all."""
         slots = [_RowSlot(row) for row in range(self.rows.n)]
         feed = _Feed(work)
         while True:
