@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from demoforge.pipeline.records import ResumeState
+
 CATALOG_FILE = "catalog.sqlite"
 CATALOG_VERSION = 1
 
@@ -88,15 +90,6 @@ class AttemptRow:
     counted: bool
     record: dict[str, Any] | None
     dataset_index: int | None
-
-
-@dataclass(frozen=True)
-class ResumeState:
-    """What a (re)started job needs: done episodes and the attempts already spent on the others."""
-
-    committed: frozenset[int]
-    spent_attempts: Mapping[int, int]
-    quarantined: frozenset[int] = frozenset()
 
 
 class Catalog:

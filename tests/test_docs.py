@@ -11,16 +11,21 @@ def python_blocks(name: str) -> list[str]:
 
 
 def test_writing_a_task_example_runs(capsys):
+    from demoforge.pipeline.tasks.registry import get_task, task_names, unregister
+
     (block,) = python_blocks("writing-a-task.md")
     namespace: dict = {"__name__": "docs_example"}
-    exec(compile(block, "docs/writing-a-task.md", "exec"), namespace)
-    results = namespace["results"]
-    assert len(results) == 3 and all(r.committable for r in results)
-    for r in results:
-        assert [s.name for s in r.segments] == ["swing_back", "drive_up"]
-        assert r.segments[1].metadata["start_position"] < -0.6
-    from demoforge.pipeline.tasks.registry import get_task
-    assert get_task("mountain-car").info().segment_names == ("swing_back", "drive_up")
+    try:
+        exec(compile(block, "docs/writing-a-task.md", "exec"), namespace)
+        results = namespace["results"]
+        assert len(results) == 3 and all(r.committable for r in results)
+        for r in results:
+            assert [s.name for s in r.segments] == ["swing_back", "drive_up"]
+            assert r.segments[1].metadata["start_position"] < -0.6
+        assert get_task("mountain-car").info().segment_names == ("swing_back", "drive_up")
+    finally:
+        if "mountain-car" in task_names():  # the example registers it: leave the global registry as it was
+            unregister("mountain-car")
 
 
 def test_export_training_snippet_runs(tmp_path):

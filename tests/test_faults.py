@@ -16,7 +16,7 @@ from demoforge.pipeline.contract import RecordedObservation
 from demoforge.pipeline.executor import derive_seed
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
-from demoforge.pipeline.tasks.registry import TaskEntry, register
+from demoforge.pipeline.tasks.registry import TaskEntry, registered
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.staging import StagingStore
 from demoforge.storage.store import layout_from_fingerprint
@@ -43,10 +43,14 @@ class NaNObservationEnv(toy_tasks.CameraPointEnv):
         return rec
 
 
-register(TaskEntry(name="toy-hang", defaults=toy_tasks.DEFAULTS, describe=toy_tasks._info,
-                   make_env=lambda o: HangingEnv(dict(o))))
-register(TaskEntry(name="toy-nan", defaults=toy_tasks.DEFAULTS, describe=toy_tasks._info,
-                   make_env=lambda o: NaNObservationEnv(dict(o))))
+@pytest.fixture(scope="module", autouse=True)
+def fault_tasks():
+    """toy-hang and toy-nan, registered while this module's tests run."""
+    with registered(TaskEntry(name="toy-hang", defaults=toy_tasks.DEFAULTS, describe=toy_tasks.describe,
+                              make_env=lambda o: HangingEnv(dict(o))),
+                    TaskEntry(name="toy-nan", defaults=toy_tasks.DEFAULTS, describe=toy_tasks.describe,
+                              make_env=lambda o: NaNObservationEnv(dict(o)))) as entries:
+        yield entries
 
 
 def rows(store):
