@@ -202,7 +202,9 @@ class _VersionWriter:
         self.pause("after_videos")
 
         # 2. frame data and per-episode metadata.
-        data_rows, meta_rows, sidecar = [], [], []
+        data_rows: list[dict[str, Any]] = []
+        meta_rows: list[dict[str, Any]] = []
+        sidecar: list[dict[str, Any]] = []
         frame = first_frame
         for offset, (row, ep) in enumerate(episodes):
             frames = row.frames or 0
