@@ -13,7 +13,7 @@ import pytest
 
 from demoforge.pipeline.daemon_config import DaemonConfigError, load_config
 from demoforge.pipeline.metrics import scrape as scrape_metrics
-from demoforge.storage.catalog import Catalog
+from demoforge.storage.reader import open_store_reader
 from demoforge.storage.validate import validate_dataset
 from helpers import cli_env, demoforge_argv
 
@@ -94,11 +94,8 @@ def events(stderr: str) -> list[dict]:
 
 
 def committed(store: Path) -> list:
-    catalog = Catalog(store)
-    try:
-        return catalog.attempts(("committed", "exported")), catalog.attempts(("staging",))
-    finally:
-        catalog.close()
+    with open_store_reader(store) as view:
+        return view.catalog.attempts(("committed", "exported")), view.catalog.attempts(("staging",))
 
 
 def test_metrics_show_progress_and_sigterm_stops_gracefully(tmp_path):

@@ -20,7 +20,8 @@ from demoforge.pipeline.runner import JobRunner, run_job
 from demoforge.pipeline.tasks.registry import TaskEntry, get_task
 from demoforge.storage.catalog import Catalog, JobMismatchError
 from demoforge.storage.staging import StagingStore
-from demoforge.storage.store import JobStore, StoreError, StoreLockedError, layout_from_fingerprint
+from demoforge.storage.reader import open_store_reader, open_store_updater
+from demoforge.storage.store import JobStore, StoreError, StoreLockedError
 from demoforge.storage.verify import verify_store
 from helpers import decode_frames, psnr, run_cli
 
@@ -32,9 +33,11 @@ def toy(episodes: int, **kw) -> JobSpec:
     return JobSpec(task="toy-point", episodes=episodes, task_options=options, video=kw.pop("video", H264), **kw)
 
 
-def open_staging(store) -> tuple[Catalog, StagingStore]:
-    catalog = Catalog(store)
-    return catalog, StagingStore(store, layout_from_fingerprint(catalog.fingerprint()))
+def open_staging(store, update: bool = False) -> tuple[Catalog, StagingStore]:
+    """The store's catalog and staged episodes, read-only unless ``update`` (verify's quarantine writes)."""
+    view = (open_store_updater if update else open_store_reader)(store)
+    _fingerprint, staging = view.require_job()
+    return view.catalog, staging
 
 
 def expected_episode(spec: JobSpec, episode_index: int):
@@ -161,7 +164,7 @@ def test_one_writer_per_store(tmp_path):
 def test_corrupted_chunk_is_detected_and_quarantined_then_replaced(tmp_path):
     store = tmp_path / "store"
     run_job(toy(3), store)
-    catalog, staging = open_staging(store)
+    catalog, staging = open_staging(store, update=True)
     victim = catalog.committed()[1]
     chunk = staging.episode_path(victim.episode_id) / "action" / "c" / "0" / "0"
     data = bytearray(chunk.read_bytes())

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import sqlite3
 import subprocess
 import time
 
@@ -21,6 +20,8 @@ from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.lerobot_export import export_store
+from demoforge.storage.reader import open_store_reader
+from demoforge.storage.schema import AttemptState
 from demoforge.storage.sampling import (MODES, NoEligibleWindowError, OnlineWindowSampler, SegmentWindowSampler,
                                         WindowIndex, segments_from_frames, window_is_eligible)
 from helpers import cli_env, demoforge_argv
@@ -304,12 +305,11 @@ def test_online_sampler_reads_committed_frames_never_blocks_and_drops_quarantine
         assert frames.shape == (2, 6, 16, 16, 3) and frames.dtype == np.uint8
         # A reader in the middle of a read transaction (as inside refresh) never blocks the writer (WAL): the
         # write commits at once (a blocked writer would wait for the 30 s busy timeout, then fail).
-        reader = sampler._db
-        reader.execute("BEGIN")
-        assert reader.execute("SELECT COUNT(*) FROM attempts WHERE state = 'quarantined'").fetchone() == (0,)
-        catalog.quarantine(committed[0], "test: corrupt")  # blocked, it would fail: "database is locked" after 30 s
-        assert reader.execute("SELECT COUNT(*) FROM attempts WHERE state = 'quarantined'").fetchone() == (0,)
-        reader.execute("COMMIT")
+        reader = sampler.store.catalog
+        with reader.snapshot():
+            assert reader.count(AttemptState.QUARANTINED) == 0
+            catalog.quarantine(committed[0], "test: corrupt")  # blocked, it would fail: "database is locked" after 30 s
+            assert reader.count(AttemptState.QUARANTINED) == 0
         sampler.refresh()
         assert sorted(sampler.episode_ids) == sorted(committed[1:])
         assert committed[0] not in {w.episode_id for w in sampler.sample(500)}
@@ -327,11 +327,8 @@ def test_online_sampler_before_the_store_exists(tmp_path):
 
 def _catalog_rows(store):
     """(episode_id, state, frames, updated_at) of every attempt, read on a read-only connection."""
-    db = sqlite3.connect(f"file:{store / 'catalog.sqlite'}?mode=ro", uri=True)
-    try:
-        return db.execute("SELECT episode_id, state, frames, updated_at FROM attempts").fetchall()
-    finally:
-        db.close()
+    with open_store_reader(store) as view:
+        return [(r.episode_id, r.state, r.frames, r.updated_at) for r in view.catalog.attempts()]
 
 
 @pytest.mark.slow

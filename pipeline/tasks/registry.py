@@ -20,6 +20,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from demoforge.storage.schema import CameraSpec  # the one camera description (tasks, fingerprint, staging, export)
+
 
 class UnknownTaskError(KeyError):
     def __str__(self) -> str:
@@ -87,13 +89,6 @@ def check_task_info(info: TaskInfo) -> TaskInfo:
     except TaskDefinitionError as exc:
         raise TaskDefinitionError(f"{where}: {exc}") from None
     return info
-
-
-@dataclass(frozen=True)
-class CameraSpec:
-    name: str
-    height: int
-    width: int
 
 
 @dataclass(frozen=True)
