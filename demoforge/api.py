@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from demoforge.pipeline.runner import JobReport
     from demoforge.storage.lerobot_export import ExportReport
+    from demoforge.storage.reader import StoreView
     from demoforge.storage.validate import ValidationReport
 
 
@@ -60,8 +61,9 @@ def open_dataset(dataset: Path | str, **kwargs: Any) -> LeRobotDataset:
     return LeRobotDataset(repo_id or "local/dataset", root=root, **kwargs)
 
 
-def open_store(store: Path | str) -> Any:
-    """A store opened read-only: its catalog, fingerprint, layout and staged episodes (safe while a job runs)."""
-    from demoforge.storage.store import open_catalog_readonly
+def open_store(store: Path | str) -> StoreView:
+    """A store opened read-only (``with open_store(path) as store:``): its catalog, fingerprint, layout and
+    staged episodes. Safe while a job writes to it; every write through it raises ``ReadOnlyError``."""
+    from demoforge.storage.reader import open_store_reader
 
-    return open_catalog_readonly(store)
+    return open_store_reader(store)

@@ -33,7 +33,7 @@ def _task_row(name: str) -> dict[str, Any]:
 
     info = get_task(name).info()
     return {"name": name, "description": info.description, "fps": info.fps,
-            "cameras": {c.name: [c.height, c.width, 3] for c in info.cameras},
+            "cameras": {c.name: list(c.shape) for c in info.cameras},
             "action_shape": list(info.action_shape),
             "state_shapes": {k: list(v) for k, v in info.state_shapes.items()},
             "segments": list(info.segment_names), "options": dict(info.options)}
@@ -215,15 +215,13 @@ def _export_in_child(store: Path, out: Path, repo_id: str | None) -> int:
 
 # -------------------------------------------------------------------------------------------- status
 def cmd_status(args: argparse.Namespace) -> int:
-    from demoforge.storage.store import open_catalog_readonly
+    from demoforge.storage.reader import open_store_reader
 
-    catalog = open_catalog_readonly(args.store)
-    try:
-        summary = catalog.summary()
-        summary["fingerprint"] = catalog.fingerprint()
+    with open_store_reader(args.store) as store:
+        summary = store.catalog.summary()
+        fingerprint = store.fingerprint
+        summary["fingerprint"] = fingerprint.to_dict() if fingerprint is not None else None
         summary["store"] = str(args.store)
-    finally:
-        catalog.close()
     if args.json:
         print(json.dumps(summary, indent=2))
         return EXIT_OK
@@ -334,19 +332,13 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------------------------------- verify
 def cmd_verify(args: argparse.Namespace) -> int:
-    from demoforge.storage.staging import StagingStore
-    from demoforge.storage.store import StoreError, layout_from_fingerprint, open_catalog_readonly
+    from demoforge.storage.reader import open_store_reader, open_store_updater
     from demoforge.storage.verify import verify_store
 
-    catalog = open_catalog_readonly(args.store)
-    try:
-        fingerprint = catalog.fingerprint()
-        if fingerprint is None:
-            raise StoreError(f"{args.store} has no job fingerprint; nothing was ever generated there")
-        staging = StagingStore(args.store, layout_from_fingerprint(fingerprint))
-        report = verify_store(catalog, staging, quarantine=not args.no_quarantine)
-    finally:
-        catalog.close()
+    quarantine = not args.no_quarantine  # quarantining writes states: only then is the store opened to update
+    with (open_store_updater if quarantine else open_store_reader)(args.store) as store:
+        _fingerprint, staging = store.require_job()
+        report = verify_store(store.catalog, staging, quarantine=quarantine)
     if args.json:
         print(json.dumps({"checked": report.checked, "ok": report.ok, "quarantined": report.quarantined,
                           "pruned": report.pruned,
@@ -365,22 +357,25 @@ def cmd_verify(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------- prune
 def cmd_prune(args: argparse.Namespace) -> int:
     from demoforge.storage.catalog import Catalog
+    from demoforge.storage.errors import StoreError
     from demoforge.storage.prune import prune_exported
-    from demoforge.storage.staging import StagingStore
-    from demoforge.storage.store import StoreError, acquire_lock, layout_from_fingerprint, open_catalog_readonly
+    from demoforge.storage.reader import open_store_reader
+    from demoforge.storage.staging import EpisodeLayout, StagingStore
+    from demoforge.storage.store import acquire_lock
     from demoforge.storage.write_errors import human_bytes
 
     if not args.exported:
         raise StoreError("say what to prune: --exported (the staged data of episodes already exported)")
-    open_catalog_readonly(args.store).close()  # refuses what is not a store, before taking its lock
+    with open_store_reader(args.store) as view:  # refuses what is not a store, before taking its lock
+        view.require_job()
     lock_fd = acquire_lock(args.store)  # no generate or daemon may run meanwhile (the daemon has its own option)
     try:
-        catalog = Catalog(args.store)
+        catalog = Catalog(args.store)  # the writer's opener (we hold the lock): adds the pruned table if missing
         try:
             fingerprint = catalog.fingerprint()
             if fingerprint is None:
                 raise StoreError(f"{args.store} has no job fingerprint; nothing was ever generated there")
-            staging = StagingStore(args.store, layout_from_fingerprint(fingerprint))
+            staging = StagingStore(args.store, EpisodeLayout.from_fingerprint(fingerprint))
             console = _console(stderr=True)
             report = prune_exported(catalog, staging, progress=lambda done, total: console.print(
                 f"pruned {done}/{total}") if done == total or done % 500 == 0 else None)
@@ -520,9 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from demoforge.pipeline.job import JobConfigError
     from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError
     from demoforge.storage.catalog import JobMismatchError
+    from demoforge.storage.errors import StoreError
     from demoforge.storage.lerobot_export import ExportError
     from demoforge.storage.staging import StagingFormatError
-    from demoforge.storage.store import StoreError
     from demoforge.storage.write_errors import is_write_error
 
     args = build_parser().parse_args(argv)

@@ -136,12 +136,13 @@ class GenerationDaemon:
         this uses a connection of its own rather than taking the lock again."""
         from demoforge.storage.catalog import Catalog
         from demoforge.storage.prune import prune_exported
-        from demoforge.storage.staging import StagingStore
-        from demoforge.storage.store import layout_from_fingerprint
+        from demoforge.storage.staging import EpisodeLayout, StagingStore
 
         catalog = Catalog(self.config.store)
         try:
-            staging = StagingStore(self.config.store, layout_from_fingerprint(catalog.fingerprint()))
+            fingerprint = catalog.fingerprint()
+            assert fingerprint is not None  # the runner bound the job before any export
+            staging = StagingStore(self.config.store, EpisodeLayout.from_fingerprint(fingerprint))
             return prune_exported(catalog, staging)
         finally:
             catalog.close()

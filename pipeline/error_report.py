@@ -25,13 +25,10 @@ def committed_in(store: Path | None) -> int | None:
     if store is None:
         return None
     try:
-        from demoforge.storage.store import open_catalog_readonly
+        from demoforge.storage.reader import open_store_reader
 
-        catalog = open_catalog_readonly(store)
-        try:
-            return len(catalog.committed())
-        finally:
-            catalog.close()
+        with open_store_reader(store) as view:
+            return len(view.catalog.committed())
     except Exception:  # noqa: BLE001 - only an extra detail of the message
         return None
 

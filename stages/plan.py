@@ -14,9 +14,8 @@ from dataclasses import dataclass
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
-from demoforge.pipeline.executor import EpisodeAssignment
 from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED
-from demoforge.storage.catalog import ResumeState
+from demoforge.pipeline.records import EpisodeAssignment, ResumeState
 
 
 @dataclass(frozen=True)

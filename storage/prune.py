@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from demoforge.storage.catalog import Catalog
-from demoforge.storage.staging import StagingStore, fsync_dir
+from demoforge.storage.staging import EPISODES_DIR, StagingStore, fsync_dir
 
 PRUNE_PAUSE = "DEMOFORGE_PRUNE_PAUSE"  # tests: seconds to sleep between deletions, so a kill lands inside
 
@@ -53,7 +53,7 @@ def finish_prunes(catalog: Catalog, staging: StagingStore) -> list[str]:
             shutil.rmtree(path)
             done.append(episode_id)
     if done:
-        fsync_dir(staging.path / "episodes")
+        fsync_dir(staging.path / EPISODES_DIR)
     return done
 
 
@@ -79,6 +79,6 @@ def prune_exported(catalog: Catalog, staging: StagingStore,
         if progress is not None:
             progress(done, len(targets))
     if targets:
-        fsync_dir(staging.path / "episodes")
+        fsync_dir(staging.path / EPISODES_DIR)
     kept = len(catalog.attempts(("committed",)))
     return PruneReport(pruned=len(todo), finished=len(finished), freed_bytes=freed, kept_committed=kept)

@@ -14,7 +14,8 @@ import shutil
 from dataclasses import dataclass, field
 
 from demoforge.storage.catalog import Catalog
-from demoforge.storage.staging import StagingStore, fsync_dir
+from demoforge.storage.schema import AttemptState
+from demoforge.storage.staging import EPISODES_DIR, StagingStore, fsync_dir
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class RecoveryReport:
 
 def recover(catalog: Catalog, staging: StagingStore) -> RecoveryReport:
     report = RecoveryReport()
-    for row in catalog.attempts(("staging",)):
+    for row in catalog.attempts((AttemptState.STAGING,)):
         catalog.discard(row.episode_id, reason="interrupted: the run died before this attempt ended",
                         terminal_reason="interrupted", counted=False)
         staging.delete_episode(row.episode_id)
@@ -55,7 +56,7 @@ def recover(catalog: Catalog, staging: StagingStore) -> RecoveryReport:
         catalog.log_recovery("remove_partial", str(path.relative_to(staging.path)))
         report.partial_files.append(str(path.relative_to(staging.path)))
     if report.orphan_dirs:
-        fsync_dir(staging.path / "episodes")
+        fsync_dir(staging.path / EPISODES_DIR)
     from demoforge.storage.prune import finish_prunes
 
     for episode_id in finish_prunes(catalog, staging):
@@ -71,7 +72,7 @@ def release_unfinished(catalog: Catalog, staging: StagingStore) -> list[str]:
     Call only once every stage has stopped. Best effort: a failure here must not hide the original error."""
     released: list[str] = []
     try:
-        for row in catalog.attempts(("staging",)):
+        for row in catalog.attempts((AttemptState.STAGING,)):
             if staging.delete_episode(row.episode_id):
                 released.append(row.episode_id)
     except Exception:  # noqa: BLE001 - the run's own error is what the user must see

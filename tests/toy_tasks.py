@@ -53,7 +53,7 @@ class CameraPointEnv(PointEnv):
 DEFAULTS = {"steps": 20, "size": 32, "step_sleep": 0.0, "fail_every": 0}
 
 
-def _info(options) -> TaskInfo:
+def describe(options) -> TaskInfo:
     steps = int(options["steps"])
     return TaskInfo(name="toy-point", description="a point on a line with a gradient camera",
                     instruction="walk forward, then back", fps=10, action_shape=(1,),
@@ -62,4 +62,4 @@ def _info(options) -> TaskInfo:
                     segment_names=("approach", "retreat") if steps > 1 else ("approach",), options=options)
 
 
-register(TaskEntry(name="toy-point", defaults=DEFAULTS, describe=_info, make_env=lambda o: CameraPointEnv(dict(o))))
+register(TaskEntry(name="toy-point", defaults=DEFAULTS, describe=describe, make_env=lambda o: CameraPointEnv(dict(o))))

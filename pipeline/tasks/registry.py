@@ -13,11 +13,14 @@ import math
 import numbers
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
+
+from demoforge.storage.schema import CameraSpec  # the one camera description (tasks, fingerprint, staging, export)
 
 
 class UnknownTaskError(KeyError):
@@ -86,13 +89,6 @@ def check_task_info(info: TaskInfo) -> TaskInfo:
     except TaskDefinitionError as exc:
         raise TaskDefinitionError(f"{where}: {exc}") from None
     return info
-
-
-@dataclass(frozen=True)
-class CameraSpec:
-    name: str
-    height: int
-    width: int
 
 
 @dataclass(frozen=True)
@@ -189,6 +185,33 @@ def register(entry: TaskEntry) -> TaskEntry:
         raise ValueError(f"task {entry.name!r} is already registered")
     _REGISTRY[entry.name] = entry
     return entry
+
+
+def unregister(name: str) -> TaskEntry:
+    """Remove a registered task (its module stays imported: importing it again does not register it again)."""
+    try:
+        return _REGISTRY.pop(name)
+    except KeyError:
+        raise UnknownTaskError(f"task {name!r} is not registered") from None
+
+
+@contextmanager
+def registered(*entries: TaskEntry) -> Iterator[tuple[TaskEntry, ...]]:
+    """Register ``entries`` for the duration of a block, then remove exactly them.
+
+    For tests and for trying a task in a session: the registry is global, and a task left behind would make
+    registering it again (a second run of the same test, a re-run cell) fail as a duplicate.
+    """
+    added: list[TaskEntry] = []
+    try:
+        for entry in entries:
+            register(entry)
+            added.append(entry)
+        yield entries
+    finally:
+        for entry in reversed(added):
+            if _REGISTRY.get(entry.name) is entry:
+                del _REGISTRY[entry.name]
 
 
 def is_task_spec(name: str) -> bool:
