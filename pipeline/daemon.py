@@ -110,6 +110,14 @@ class GenerationDaemon:
 
         self._since_export = 0
         started = time.monotonic()
+        # The disk floor covers the dataset's filesystem too: an export that would run it below the floor waits
+        # (the export itself also refuses to start without room for the episodes it would add).
+        free = await anyio.to_thread.run_sync(free_megabytes, self.config.export_dir)
+        if free < self.config.min_free_mb:
+            self.log.emit("export_deferred", why=why, reason="low disk space", path=self.config.export_dir,
+                          free_mb=round(free), floor_mb=self.config.min_free_mb,
+                          note="retried at the next export moment")
+            return
         # A child process: the export's memory is returned when it ends, and its crash is not the daemon's.
         # DEMOFORGE_EXPORT_PAUSE (fault injection, tools/crash_campaign.py) reaches it through the environment.
         outcome = await export_in_child(self.config.store, self.config.export_dir, self.config.repo_id)

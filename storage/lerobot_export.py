@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,12 @@ from demoforge.storage.lerobot_format import (
     STATS_IMAGE_PX,
     VIDEO_FILE_MB,
     ExportMarker,
+    FileChecksum,
     PublishedEpisode,
     annotation_key,
     camera_key,
     dataset_features,
+    file_checksum,
     schema_identity,
 )
 from demoforge.storage.publish import (
@@ -62,6 +65,7 @@ from demoforge.storage.schema import AttemptState, CameraSpec, Fingerprint
 from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore
 from demoforge.storage.verify import check_episode
 from demoforge.storage.video import decode_indices
+from demoforge.storage.write_errors import writing
 
 __all__ = ["ExportError", "ExportReport", "NotOurDatasetError", "SchemaMismatchError", "export_store"]
 
@@ -117,19 +121,21 @@ def export_store(store_dir: Path | str, out: Path | str, *, repo_id: str | None 
             pruned = catalog.pruned_ids()  # exported earlier, staged data deleted: never read (nor quarantined)
             gone = tuple(r.episode_id for r in rows if r.episode_id in pruned)
             rows = [r for r in rows if r.episode_id not in pruned]
-            episodes, quarantined = _load_episodes(catalog, staging, rows)
-            if not episodes:
+            check_free_space(out, rows)  # before anything is written: the numbers, not a half-written version
+            writer = _VersionWriter(target, fingerprint, repo_id or f"demoforge/{fingerprint.task}", pause)
+            result = writer.write(_read_one_at_a_time(catalog, staging, rows), len(rows), progress)
+            quarantined = writer.quarantined
+            if result is None:  # every pending episode failed its checks (or none was pending)
                 return ExportReport(out, target.current.name if target.current else None, 0,
                                     target.marker.total_episodes if target.marker else 0,
                                     target.marker.total_frames if target.marker else 0,
                                     quarantined, reconciled, time.monotonic() - started, gone)
-            writer = _VersionWriter(target, fingerprint, repo_id or f"demoforge/{fingerprint.task}", pause)
-            version, marker = writer.write(episodes, progress)
+            version, marker = result
             pause("before_catalog")
-            catalog.mark_exported({row.episode_id: idx for (row, _), idx in zip(episodes, writer.new_indices)
+            catalog.mark_exported({row.episode_id: idx for row, idx in zip(writer.exported_rows, writer.new_indices)
                                    if row.state == AttemptState.COMMITTED})
             prune_versions(target.versions, keep=KEEP_VERSIONS)
-            return ExportReport(out, version, len(episodes), marker.total_episodes, marker.total_frames,
+            return ExportReport(out, version, len(writer.exported_rows), marker.total_episodes, marker.total_frames,
                                 quarantined, reconciled, time.monotonic() - started, gone)
         finally:
             os.close(lock_fd)
@@ -147,18 +153,42 @@ def _reconcile(catalog: Catalog, marker: ExportMarker | None) -> int:
     return len(pending)
 
 
-def _load_episodes(catalog: Catalog, staging: StagingStore,
-                   rows: Sequence[AttemptRow]) -> tuple[list[tuple[AttemptRow, StagedEpisode]], list[str]]:
-    """Read and check each committed episode; a corrupt one is quarantined and never exported."""
-    good: list[tuple[AttemptRow, StagedEpisode]] = []
-    quarantined: list[str] = []
+def _read_one_at_a_time(catalog: Catalog, staging: StagingStore, rows: Sequence[AttemptRow]
+                        ) -> Iterator[tuple[AttemptRow, StagedEpisode | None]]:
+    """Each pending episode read and checked when the writer asks for it, so an export holds one episode's
+    data at a time whatever the number pending. A corrupt one is quarantined (yielded as None: never
+    exported)."""
     for row in rows:
         try:
-            good.append((row, check_episode(staging, row, decode=False)))
+            yield row, check_episode(staging, row, decode=False)
         except StagingCorruptError as exc:
             catalog.quarantine(row.episode_id, f"export: {exc}")
-            quarantined.append(row.episode_id)
-    return good, quarantined
+            yield row, None
+
+
+def estimate_export_bytes(rows: Sequence[AttemptRow]) -> int:
+    """A generous bound on what exporting these episodes adds to the dataset's filesystem: the remuxed video
+    (the staged stream's size plus container overhead), the frame data (parquet of the numbers: bounded by
+    twice the frames times a row's worth of columns), episode metadata, and the rewritten small files."""
+    video = sum(sum(r.video_bytes.values()) for r in rows)
+    frames = sum(int(r.frames or 0) for r in rows)
+    return int(video * 1.05) + frames * 512 + len(rows) * 8192 + (4 << 20)
+
+
+def check_free_space(out: Path, rows: Sequence[AttemptRow]) -> None:
+    """Refuse to start an export the dataset's filesystem cannot hold (ExportError with the numbers)."""
+    if not rows:
+        return
+    from demoforge.storage.write_errors import free_bytes, human_bytes
+
+    needed = estimate_export_bytes(rows)
+    free = free_bytes(out.parent)
+    if free is not None and free < needed:
+        raise ExportError(f"not enough free space to export {len(rows)} episode(s) into {out}: they need about "
+                          f"{human_bytes(needed)} ({human_bytes(sum(sum(r.video_bytes.values()) for r in rows))} "
+                          f"of video, {sum(int(r.frames or 0) for r in rows)} frames of data), and "
+                          f"{human_bytes(free)} is free there; nothing was written. Free some space and run the "
+                          "export again")
 
 
 # ------------------------------------------------------------------------------------------- writing
@@ -181,66 +211,93 @@ class _VersionWriter:
         self.cameras = fingerprint.cameras
         self.features = dataset_features(fingerprint)
         self.new_indices: list[int] = []
+        self.exported_rows: list[AttemptRow] = []
+        self.quarantined: list[str] = []
 
-    def write(self, episodes: list[tuple[AttemptRow, StagedEpisode]],
-              progress: Callable[[int, int], None] | None) -> tuple[str, ExportMarker]:
+    def write(self, episodes: Iterable[tuple[AttemptRow, StagedEpisode | None]], total: int,
+              progress: Callable[[int, int], None] | None) -> tuple[str, ExportMarker] | None:
+        """Build and publish the next version from ``episodes``, consumed one at a time: each is remuxed,
+        its frames appended to the open parquet file, its stats computed, then dropped. Returns None when no
+        episode was good (nothing published). On any error the unfinished version folder is removed at once."""
         old = self.target.marker
         number = (old.version if old else 0) + 1
         build = start_version(self.target, number)
+        try:
+            with writing(f"the new dataset version {build.name.removesuffix('.partial')}", build):
+                return self._write(build, number, episodes, total, progress)
+        except BaseException:
+            for leftover in (build, build.with_name(build.name.removesuffix(".partial"))):
+                if leftover.exists() and leftover != self.target.current:
+                    shutil.rmtree(leftover, ignore_errors=True)  # give the space back now, not at the next export
+            raise
+
+    def _write(self, build: Path, number: int, episodes: Iterable[tuple[AttemptRow, StagedEpisode | None]],
+               total: int, progress: Callable[[int, int], None] | None) -> tuple[str, ExportMarker] | None:
+        old = self.target.marker
         self.pause("after_links")
         first_index = old.total_episodes if old else 0
         first_frame = old.total_frames if old else 0
         tasks: dict[str, int] = dict(old.tasks) if old else {}
         written: list[Path] = []
-
-        # 1. videos: remux each camera's staged streams into this export's file(s).
-        video_spans: dict[str, list[tuple[int, int, float, float]]] = {}
-        video_cursors: dict[str, tuple[int, int]] = {}
-        for camera in self.cameras:
-            start = old.next_videos.get(camera.name, (0, 0)) if old else (0, 0)
-            spans, nxt, files = _write_videos(build, camera_key(camera.name), start, self.fps,
-                                              [ep.video[camera.name] for _row, ep in episodes],
-                                              [r.frames or 0 for r, _ in episodes])
-            video_spans[camera.name], video_cursors[camera.name] = spans, nxt
-            written += files
-        self.pause("after_videos")
-
-        # 2. frame data and per-episode metadata.
-        data_rows: list[dict[str, Any]] = []
-        meta_rows: list[dict[str, Any]] = []
+        videos = {c.name: _VideoFileWriter(build, camera_key(c.name), old.next_videos.get(c.name, (0, 0))
+                                           if old else (0, 0), self.fps) for c in self.cameras}
+        data = _DataFileWriter(build, self.features, old.next_data if old else (0, 0))
+        meta_rows: list[dict[str, Any]] = []  # small per-episode records (stats, indices): kept to the end
         sidecar: list[dict[str, Any]] = []
         frame = first_frame
-        for offset, (row, ep) in enumerate(episodes):
-            frames = row.frames or 0
-            index = first_index + offset
-            self.new_indices.append(index)
-            record = row.record or {}
-            instruction = record.get("instruction") or self.fp.task
-            task_index = tasks.setdefault(instruction, len(tasks))
-            data_rows.append(_episode_frames(ep, index, frame, task_index, self.fps, record))
-            meta_rows.append({"episode_index": index, "tasks": [instruction], "length": frames,
-                              "dataset_from_index": frame, "dataset_to_index": frame + frames,
-                              **{f"videos/{camera_key(c.name)}/{k}": v for c in self.cameras
-                                 for k, v in zip(("chunk_index", "file_index", "from_timestamp", "to_timestamp"),
-                                                 video_spans[c.name][offset])},
-                              "_stats": _episode_stats(ep, data_rows[-1], self.features, self.cameras)})
-            sidecar.append({**record, "schema_version": SCHEMA_VERSION, "dataset_episode_index": index,
-                            "staging_episode_id": row.episode_id, "staging_episode_index": row.episode_index,
-                            "length": frames, "content_hash": row.content_hash})
-            frame += frames
-            if progress is not None:
-                progress(offset + 1, len(episodes))
-        data_spans, data_next, files = _write_data(build, data_rows, self.features, old.next_data if old else (0, 0))
-        written += files
-        meta_next, files = _write_episode_meta(build, meta_rows, data_spans, old.next_meta if old else (0, 0))
+        try:
+            done = 0
+            for item in episodes:  # (no enumerate: its cached result tuple would keep the last episode alive)
+                row, ep = item
+                del item
+                done += 1
+                if ep is None:
+                    self.quarantined.append(row.episode_id)
+                else:
+                    frames = row.frames or 0
+                    index = first_index + len(self.exported_rows)
+                    record = row.record or {}
+                    instruction = record.get("instruction") or self.fp.task
+                    task_index = tasks.setdefault(instruction, len(tasks))
+                    spans = {name: writer.add(ep.video[name], frames) for name, writer in videos.items()}
+                    cols = _episode_frames(ep, index, frame, task_index, self.fps, record)
+                    stats = _episode_stats(ep, cols, self.features, self.cameras)
+                    data_span = data.add(cols)
+                    meta_rows.append({"episode_index": index, "tasks": [instruction], "length": frames,
+                                      "dataset_from_index": frame, "dataset_to_index": frame + frames,
+                                      **{f"videos/{camera_key(c.name)}/{k}": v for c in self.cameras
+                                         for k, v in zip(("chunk_index", "file_index", "from_timestamp",
+                                                          "to_timestamp"), spans[c.name])},
+                                      "_stats": stats, "_data": data_span})
+                    sidecar.append({**record, "schema_version": SCHEMA_VERSION, "dataset_episode_index": index,
+                                    "staging_episode_id": row.episode_id, "staging_episode_index": row.episode_index,
+                                    "length": frames, "content_hash": row.content_hash})
+                    self.exported_rows.append(row)
+                    self.new_indices.append(index)
+                    frame += frames
+                    del ep, cols
+                if progress is not None:
+                    progress(done, total)
+        finally:
+            video_cursors = {name: writer.close() for name, writer in videos.items()}
+            data_next = data.close()
+        if not self.exported_rows:
+            shutil.rmtree(build)
+            return None
+        for writer in videos.values():
+            written += writer.files
+        written += data.files
+        self.pause("after_videos")
+        meta_next, files = _write_episode_meta(build, meta_rows, [m.pop("_data") for m in meta_rows],
+                                               old.next_meta if old else (0, 0))
         written += files
         self.pause("after_data")
 
-        # 3. small metadata, rewritten whole: tasks, stats, info, sidecar, marker (last).
+        # small metadata, rewritten whole: tasks, stats, info, sidecar, marker (last).
         written += _write_tasks(build, tasks)
         stats = _aggregate_stats(build, [m["_stats"] for m in meta_rows], old is not None)
         written.append(stats)
-        total_episodes, total_frames = first_index + len(episodes), frame
+        total_episodes, total_frames = first_index + len(self.exported_rows), frame
         written.append(_write_info(build, self.features, self.fps, total_episodes, total_frames, len(tasks)))
         written.append(append_jsonl(build / SIDECAR, sidecar))
         marker = ExportMarker(version=number, repo_id=self.repo_id, schema=schema_identity(self.fp),
@@ -248,40 +305,61 @@ class _VersionWriter:
                               next_data=data_next, next_meta=meta_next, next_videos=video_cursors,
                               episodes=(*(old.episodes if old else ()),
                                         *(PublishedEpisode(r.episode_id, i)
-                                          for (r, _), i in zip(episodes, self.new_indices))))
+                                          for r, i in zip(self.exported_rows, self.new_indices))),
+                              files=_file_checksums(build, old, written))
         written.append(write_json(build / MARKER, marker.to_json()))
         return publish_version(self.target, build, written, self.pause), marker
 
 
-def _write_videos(build: Path, key: str, start: Sequence[int], fps: int, streams: Sequence[bytes],
-                  lengths: Sequence[int]) -> tuple[list[tuple[int, int, float, float]], tuple[int, int], list[Path]]:
-    """Remux episode streams into per-camera mp4 files (rolling over near VIDEO_FILE_MB)."""
-    from lerobot.datasets.utils import DEFAULT_VIDEO_PATH
+def _file_checksums(build: Path, old: ExportMarker | None, written: Sequence[Path]) -> dict[str, FileChecksum]:
+    """The checksum of every file of the new version (the marker aside): files written or rewritten by this
+    export are hashed; hard links to the published version keep the checksum recorded when they were written
+    (a version without records, from before checksums, is hashed in full once)."""
+    fresh = {p.resolve() for p in written}
+    out: dict[str, FileChecksum] = {}
+    for dirpath, _dirs, names in os.walk(build):
+        for name in names:
+            path = Path(dirpath) / name
+            rel = path.relative_to(build).as_posix()
+            if rel == MARKER:
+                continue
+            known = old.files.get(rel) if old is not None and path.resolve() not in fresh else None
+            out[rel] = known if known is not None else file_checksum(path)
+    return out
 
-    chunk, file = int(start[0]), int(start[1])
-    spans: list[tuple[int, int, float, float]] = []
-    files: list[Path] = []
-    out = None
-    out_stream = None
-    frames_in_file = 0
-    bytes_in_file = 0
-    path: Path | None = None
-    for data, length in zip(streams, lengths):
-        if out is not None and bytes_in_file + len(data) > VIDEO_FILE_MB * 2**20:
-            out.close()
-            out = None
-            chunk, file = _next_file(chunk, file)
+
+class _VideoFileWriter:
+    """Remuxes episode streams, one at a time, into one camera's mp4 files (rolling over near VIDEO_FILE_MB)."""
+
+    def __init__(self, build: Path, key: str, start: Sequence[int], fps: int) -> None:
+        self.build, self.key, self.fps = build, key, fps
+        self.chunk, self.file = int(start[0]), int(start[1])
+        self.files: list[Path] = []
+        self._out: Any = None
+        self._out_stream: Any = None
+        self._frames_in_file = 0
+        self._bytes_in_file = 0
+
+    def add(self, data: bytes, length: int) -> tuple[int, int, float, float]:
+        """Append one episode's staged stream; returns its (chunk, file, from_timestamp, to_timestamp)."""
+        from lerobot.datasets.utils import DEFAULT_VIDEO_PATH
+
+        if self._out is not None and self._bytes_in_file + len(data) > VIDEO_FILE_MB * 2**20:
+            self._out.close()
+            self._out = None
+            self.chunk, self.file = _next_file(self.chunk, self.file)
         src = av.open(io.BytesIO(data), mode="r")
         try:
             in_stream = src.streams.video[0]
-            if out is None:
-                path = build / DEFAULT_VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
+            if self._out is None:
+                path = self.build / DEFAULT_VIDEO_PATH.format(video_key=self.key, chunk_index=self.chunk,
+                                                              file_index=self.file)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                out = av.open(str(path), mode="w", format="mp4")
-                out_stream = out.add_stream_from_template(in_stream, opaque=True)  # copy, never encode
-                files.append(path)
-                frames_in_file = bytes_in_file = 0
-            offset_s = frames_in_file / fps
+                self._out = av.open(str(path), mode="w", format="mp4")
+                self._out_stream = self._out.add_stream_from_template(in_stream, opaque=True)  # copy, never encode
+                self.files.append(path)
+                self._frames_in_file = self._bytes_in_file = 0
+            offset_s = self._frames_in_file / self.fps
             # Encoders with frame reordering start presentation one frame late (an edit list hides it in a
             # standalone file); shift so this episode's first frame is shown exactly at ``offset_s``.
             first_pts = min(p.pts for p in src.demux(in_stream) if p.pts is not None)
@@ -296,18 +374,85 @@ def _write_videos(build: Path, key: str, start: Sequence[int], fps: int, streams
                     count += 1
                 if packet.dts is not None:
                     packet.dts += shift
-                packet.stream = out_stream
-                out.mux(packet)
+                packet.stream = self._out_stream
+                self._out.mux(packet)
         finally:
             src.close()
         if count != length:
-            raise ExportError(f"{key}: staged stream holds {count} frames, the catalog says {length}")
-        spans.append((chunk, file, offset_s, (frames_in_file + length) / fps))
-        frames_in_file += length
-        bytes_in_file += len(data)
-    if out is not None:
-        out.close()
-    return spans, _next_file(chunk, file), files
+            raise ExportError(f"{self.key}: staged stream holds {count} frames, the catalog says {length}")
+        span = (self.chunk, self.file, offset_s, (self._frames_in_file + length) / self.fps)
+        self._frames_in_file += length
+        self._bytes_in_file += len(data)
+        return span
+
+    def close(self) -> tuple[int, int]:
+        """Finish the open file; returns the cursor the next export starts at."""
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+        return _next_file(self.chunk, self.file)
+
+
+class _DataFileWriter:
+    """Appends episodes' frames to parquet files (one row group per episode, as LeRobot writes them),
+    converting them in bounded batches and rolling over to a new file near DATA_FILE_MB."""
+
+    BATCH_EPISODES = 32
+    BATCH_BYTES = 16 << 20
+
+    def __init__(self, build: Path, features: Mapping[str, dict], start: Sequence[int]) -> None:
+        self.build, self.features = build, features
+        self.chunk, self.file = int(start[0]), int(start[1])
+        self.files: list[Path] = []
+        self._writer: Any = None
+        self._pending: list[dict[str, Any]] = []
+        self._pending_bytes = 0
+        self._file_bytes = 0
+
+    def add(self, cols: dict[str, Any]) -> tuple[int, int]:
+        """Queue one episode's columns; returns the (chunk, file) its rows go to."""
+        size = sum(np.asarray(v).nbytes for v in cols.values() if isinstance(v, np.ndarray))
+        if self._file_bytes and self._file_bytes + size > DATA_FILE_MB * 2**20:
+            self._flush()
+            self._close_file()
+            self.chunk, self.file = _next_file(self.chunk, self.file)
+        self._pending.append(cols)
+        self._pending_bytes += size
+        self._file_bytes += size
+        if len(self._pending) >= self.BATCH_EPISODES or self._pending_bytes >= self.BATCH_BYTES:
+            self._flush()
+        return self.chunk, self.file
+
+    def _flush(self) -> None:
+        import pyarrow.parquet as pq
+        from lerobot.datasets.utils import DEFAULT_DATA_PATH
+
+        if not self._pending:
+            return
+        table = _hf_table(self._pending, self.features)
+        if self._writer is None:
+            path = self.build / DEFAULT_DATA_PATH.format(chunk_index=self.chunk, file_index=self.file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = pq.ParquetWriter(path, schema=table.schema, compression="snappy", use_dictionary=True)
+            self.files.append(path)
+        start_row = 0
+        for cols in self._pending:
+            n = len(cols["index"])
+            self._writer.write_table(table.slice(start_row, n))
+            start_row += n
+        self._pending, self._pending_bytes = [], 0
+
+    def _close_file(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._file_bytes = 0
+
+    def close(self) -> tuple[int, int]:
+        self._flush()
+        had_file = self._writer is not None
+        self._close_file()
+        return _next_file(self.chunk, self.file) if had_file else (self.chunk, self.file)
 
 
 def _episode_frames(ep: StagedEpisode, index: int, first_frame: int, task_index: int, fps: int,
@@ -346,46 +491,6 @@ def _hf_table(rows: Sequence[Mapping[str, Any]], features: Mapping[str, dict]):
 
     merged = {key: [v for r in rows for v in column(r[key], key)] for key in hf_features}
     return datasets.Dataset.from_dict(merged, features=hf_features, split="train").with_format("arrow")[:]
-
-
-def _write_data(build: Path, rows: Sequence[dict[str, Any]], features: Mapping[str, dict],
-                start: Sequence[int]) -> tuple[list[tuple[int, int]], tuple[int, int], list[Path]]:
-    """One parquet file per ~DATA_FILE_MB of new frames; returns each episode's (chunk, file)."""
-    import pyarrow.parquet as pq
-    from lerobot.datasets.utils import DEFAULT_DATA_PATH
-
-    chunk, file = int(start[0]), int(start[1])
-    spans: list[tuple[int, int]] = []
-    files: list[Path] = []
-    group: list[dict[str, Any]] = []
-    group_bytes = 0
-
-    def flush() -> None:
-        nonlocal chunk, file, group, group_bytes
-        if not group:
-            return
-        path = build / DEFAULT_DATA_PATH.format(chunk_index=chunk, file_index=file)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        table = _hf_table(group, features)
-        with pq.ParquetWriter(path, schema=table.schema, compression="snappy", use_dictionary=True) as writer:
-            start_row = 0
-            for r in group:  # one row group per episode, as LeRobot writes them
-                n = len(r["index"])
-                writer.write_table(table.slice(start_row, n))
-                start_row += n
-        files.append(path)
-        chunk, file = _next_file(chunk, file)
-        group, group_bytes = [], 0
-
-    for r in rows:
-        size = sum(np.asarray(v).nbytes for k, v in r.items() if isinstance(v, np.ndarray))
-        if group and group_bytes + size > DATA_FILE_MB * 2**20:
-            flush()
-        spans.append((chunk, file))
-        group.append(r)
-        group_bytes += size
-    flush()
-    return spans, (chunk, file), files
 
 
 def _stats_columns(stats: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +101,24 @@ FileCursor = tuple[int, int]  # (chunk index, file index) of the next file to wr
 
 
 @dataclass(frozen=True)
+class FileChecksum:
+    """What a published file held when it was published."""
+
+    size: int
+    sha256: str
+
+
+def file_checksum(path: Path) -> FileChecksum:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return FileChecksum(path.stat().st_size, digest.hexdigest())
+
+
+@dataclass(frozen=True)
 class ExportMarker:
     """``meta/demoforge.json`` of one published version."""
 
@@ -114,6 +132,9 @@ class ExportMarker:
     next_meta: FileCursor
     next_videos: Mapping[str, FileCursor]
     episodes: tuple[PublishedEpisode, ...]
+    # Every published file but this marker: relative path -> (bytes, sha256). Empty for versions written
+    # before checksums were recorded; ``demoforge verify DATASET`` checks against it.
+    files: Mapping[str, FileChecksum] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": EXPORT_FORMAT, "writer": WRITER, "version": self.version, "repo_id": self.repo_id,
@@ -121,7 +142,8 @@ class ExportMarker:
                 "total_frames": self.total_frames, "tasks": dict(self.tasks),
                 "next_files": {"data": list(self.next_data), "meta": list(self.next_meta),
                                "videos": {c: list(v) for c, v in self.next_videos.items()}},
-                "episodes": [{"episode_id": e.episode_id, "dataset_index": e.dataset_index} for e in self.episodes]}
+                "episodes": [{"episode_id": e.episode_id, "dataset_index": e.dataset_index} for e in self.episodes],
+                "files": {path: {"bytes": c.size, "sha256": c.sha256} for path, c in sorted(self.files.items())}}
 
     @classmethod
     def from_json(cls, data: object) -> ExportMarker:
@@ -142,7 +164,9 @@ class ExportMarker:
                        next_data=_cursor(files["data"]), next_meta=_cursor(files["meta"]),
                        next_videos={str(c): _cursor(v) for c, v in files["videos"].items()},
                        episodes=tuple(PublishedEpisode(str(e["episode_id"]), int(e["dataset_index"]))
-                                      for e in data["episodes"]))
+                                      for e in data["episodes"]),
+                       files={str(path): FileChecksum(int(c["bytes"]), str(c["sha256"]))
+                              for path, c in data.get("files", {}).items()})
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MarkerError(f"a field has the wrong shape ({type(exc).__name__}: {exc})") from None
 

@@ -46,15 +46,17 @@ def decode_frames(source: VideoSource) -> np.ndarray:
 
 
 def decode_indices(source: VideoSource, indices: Iterable[int]) -> dict[int, np.ndarray]:
-    """The frames at these positions (decoding stops after the last one wanted)."""
+    """The frames at these positions. Only those are converted to RGB arrays (the costly step; the codec
+    still has to decode the frames they depend on), and decoding stops after the last one wanted."""
     wanted = {int(i) for i in indices}
     out: dict[int, np.ndarray] = {}
     if not wanted:
         return out
     last = max(wanted)
-    for i, frame in enumerate(iter_frames(source)):
-        if i in wanted:
-            out[i] = frame
-        if i >= last:
-            break
+    with _open(source) as container:
+        for i, frame in enumerate(container.decode(container.streams.video[0])):
+            if i in wanted:
+                out[i] = frame.to_ndarray(format="rgb24")
+            if i >= last:
+                break
     return out

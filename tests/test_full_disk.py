@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,3 +111,45 @@ min_free_mb = 0
     assert failed[0]["reason"] == "No space left on device"
     assert failed[0]["path"].startswith(str(small_disk / "store")) and failed[0]["free_bytes"] < LEAVE_FREE
     assert failed[0]["committed_total"] == len(committed_ids(small_disk / "store")) > 0
+
+
+def fill_up(path: Path) -> None:
+    """Write until the filesystem is full (what another process on a shared disk does)."""
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_export_on_a_disk_that_fills_removes_its_unfinished_version_at_once(small_disk: Path,
+                                                                            tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    assert run_cli(*GEN, "--episodes", "3", "--store", str(store)).returncode == 0
+    (small_disk / "filler").unlink()
+    dataset = small_disk / "dataset"
+    # The export pauses 2 s at each step: the disk is filled by "another process" while it runs.
+    proc = subprocess.Popen(demoforge_argv("export", "--store", str(store), "--out", str(dataset)),
+                            env=cli_env(DEMOFORGE_EXPORT_PAUSE="2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, stdin=subprocess.DEVNULL)
+    build = small_disk / "dataset.versions" / "v000001.partial"
+    deadline = time.monotonic() + 120
+    while not build.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert build.exists(), proc.communicate()[1]
+    fill_up(small_disk / "other-process")
+    full = shutil.disk_usage(small_disk).free
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 4, err
+    assert "Traceback" not in err
+    assert err.startswith("demoforge export: error: the disk is full"), err
+    assert "while writing the new dataset version v000001" in err
+    assert "unfinished new version was removed" in err and "exit status 4" in err
+    # The unfinished version is gone now, not at the next export: its space is free again.
+    assert not list((small_disk / "dataset.versions").glob("v*"))
+    assert shutil.disk_usage(small_disk).free >= full  # nothing the export wrote is still held
+    (small_disk / "other-process").unlink()
+    again = run_cli("export", "--store", str(store), "--out", str(dataset))
+    assert again.returncode == 0 and "exported 3 episode(s)" in again.stdout, again.stderr
