@@ -332,6 +332,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------------------------------- verify
 def cmd_verify(args: argparse.Namespace) -> int:
+    if (args.dataset is None) == (args.store is None):
+        raise SystemExit("demoforge verify: give a DATASET to check, or --store STORE (one of them)")
+    if args.dataset is not None:
+        return _verify_dataset(args)
     from demoforge.storage.reader import open_store_reader, open_store_updater
     from demoforge.storage.verify import verify_store
 
@@ -388,6 +392,25 @@ def cmd_prune(args: argparse.Namespace) -> int:
                      f"freeing {human_bytes(report.freed_bytes)}; their catalog rows are kept; "
                      f"{report.kept_committed} committed episode(s) not yet exported were kept")
     return EXIT_OK
+
+
+def _verify_dataset(args: argparse.Namespace) -> int:
+    from demoforge.storage.dataset_verify import verify_dataset
+
+    report = verify_dataset(args.dataset)
+    if args.json:
+        print(json.dumps({"dataset": str(report.dataset), "version": report.version, "checked": report.checked,
+                          "decoded_frames": report.decoded_frames, "ok": report.ok,
+                          "problems": [{"path": p.path, "problem": p.problem} for p in report.problems]}, indent=2))
+    else:
+        console = _console()
+        for p in report.problems:
+            console.print(f"BAD {args.dataset / p.path}: {p.problem}", markup=False)
+        verdict = "all good" if report.ok else f"{len(report.problems)} problem(s)"
+        console.print(f"verified {report.checked} file(s) of {args.dataset} (version {report.version}) against "
+                      f"their export checksums and decoded {report.decoded_frames} sampled frame(s): {verdict}",
+                      markup=False)
+    return EXIT_OK if report.ok else EXIT_FAIL
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -475,9 +498,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json-logs", action="store_true", help="structured JSON log lines")
     p.set_defaults(fn=cmd_daemon)
 
-    p = sub.add_parser("verify", help="re-read every committed episode: checksums, counts, hashes, video frames")
-    p.add_argument("--store", type=Path, required=True)
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("verify", help="re-read a store's committed episodes (--store) or a published dataset's "
+                                      "files against their export checksums (DATASET); exit 0 good, 1 problems",
+                       epilog="examples: demoforge verify runs/fetch-dataset; demoforge verify --store runs/fetch")
+    p.add_argument("dataset", type=Path, nargs="?", default=None, metavar="DATASET",
+                   help="an exported dataset: changed, missing or extra files by path, sampled frames decoded")
+    p.add_argument("--store", type=Path, default=None, help="a store: checksums, counts, hashes, video frames")
+    p.add_argument("--json", action="store_true", help="print JSON (default: off)")
     p.add_argument("--no-quarantine", action="store_true", help="report only; do not quarantine bad episodes")
     p.set_defaults(fn=cmd_verify)
     p = sub.add_parser("prune", help="delete the staged data of episodes already exported (keeps catalog rows)",
