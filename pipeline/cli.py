@@ -397,22 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def limit_malloc_arenas(arenas: int = 2) -> None:
-    """Cap glibc's malloc arenas. Every short-lived encoder thread (SVT-AV1 starts several per episode) can
-    get an arena of its own; their free memory is never returned, so RSS crept up ~100 MB over a few hundred
-    AV1 episodes before plateauing. Measured flat with the cap (see docs/performance.md). No-op off glibc."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-8, arenas)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    from demoforge.pipeline.malloc import limit_malloc_arenas, make_uninitialized_reads_deterministic
     from demoforge.pipeline.daemon_config import DaemonConfigError
     from demoforge.pipeline.job import JobConfigError
     from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError
@@ -422,6 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     limit_malloc_arenas()
+    make_uninitialized_reads_deterministic()
     known = (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
              ExportError, DaemonConfigError)
     try:
