@@ -182,7 +182,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not report.complete:
         out.print(f"re-run the same command to resume: {report.target - report.committed_total} episode(s) to go")
     elif args.export is not None:
-        _export(args.store, args.export, args.repo_id)
+        _export([args.store], args.export, args.repo_id)
     return EXIT_OK if report.complete or report.interrupted else EXIT_FAIL
 
 
@@ -213,18 +213,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------------------- export
-def _export(store: Path, out: Path, repo_id: str | None) -> int:
+def _export(stores: list[Path], out: Path, repo_id: str | None) -> int:
     from demoforge.pipeline.faults import export_pause
-    from demoforge.storage.lerobot_export import export_store
+    from demoforge.storage.lerobot_export import export_stores
 
     console = _console(stderr=True)
-    report = export_store(store, out, repo_id=repo_id, stage_pause=export_pause(),
+    report = export_stores(stores, out, repo_id=repo_id, stage_pause=export_pause(),
                           progress=lambda done, total: console.print(f"exported {done}/{total}")
                           if console.is_terminal or done == total or done % 50 == 0 else None)
     out_console = _console()
     if report.quarantined:
         out_console.print(f"quarantined {len(report.quarantined)} corrupt episode(s), not exported: "
-                          f"{', '.join(report.quarantined)} (see `demoforge verify --store {store}`)")
+                          f"{', '.join(report.quarantined)} (see `demoforge verify --store STORE`)")
     if report.exported:
         out_console.print(f"exported {report.exported} episode(s) to {out} (version {report.version}); the dataset "
                           f"now holds {report.total_episodes} episodes, {report.total_frames} frames "
@@ -355,7 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_generate)
 
     p = sub.add_parser("export", help="write committed, not yet exported episodes into a LeRobot v3.0 dataset")
-    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--store", type=Path, required=True, action="append",
+                   help="a store to export from; repeat it to put several jobs with the same features into one "
+                        "dataset (each job's instruction becomes a task). Required")
     p.add_argument("--out", type=Path, required=True, metavar="DATASET_DIR")
     p.add_argument("--repo-id", default=None)
     p.set_defaults(fn=cmd_export)

@@ -13,6 +13,8 @@ into the shared per-camera mp4 of this export.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import io
 import os
 import time
@@ -39,6 +41,7 @@ from demoforge.storage.lerobot_format import (
     annotation_key,
     camera_key,
     dataset_features,
+    schema_differences,
     schema_identity,
 )
 from demoforge.storage.publish import (
@@ -63,7 +66,7 @@ from demoforge.storage.staging import StagedEpisode, StagingCorruptError, Stagin
 from demoforge.storage.verify import check_episode
 from demoforge.storage.video import decode_indices
 
-__all__ = ["ExportError", "ExportReport", "NotOurDatasetError", "SchemaMismatchError", "export_store"]
+__all__ = ["ExportError", "ExportReport", "NotOurDatasetError", "SchemaMismatchError", "export_store", "export_stores"]
 
 
 class SchemaMismatchError(ExportError):
@@ -82,77 +85,160 @@ class ExportReport:
     elapsed_s: float
 
 
-def export_store(store_dir: Path | str, out: Path | str, *, repo_id: str | None = None,
-                 progress: Callable[[int, int], None] | None = None,
-                 stage_pause: Callable[[str], None] | None = None) -> ExportReport:
-    """Export every committed, not yet exported episode of ``store_dir`` into the dataset at ``out``.
+@dataclass(frozen=True)
+class _Source:
+    """One store an export reads: where it is, who it is, its job, and its opened catalog and staging."""
 
-    Safe while a generate job writes the store: the store is opened with ``open_store_updater`` (states
-    only: ``exported``, and ``quarantined`` for an episode that fails its checks). ``stage_pause(name)`` is
-    a fault-injection hook called between steps (tests kill the process there).
+    path: Path
+    store_id: str
+    fingerprint: Fingerprint
+    catalog: Catalog
+    staging: StagingStore
+
+    def origin(self) -> dict[str, Any]:
+        """What the sidecar records of each episode's origin (besides the staging episode itself)."""
+        fp = self.fingerprint
+        return {"store_id": self.store_id, "job": {"task": fp.task, "task_options": dict(fp.task_options),
+                                                   "seed": fp.seed}}
+
+
+def export_store(store_dir: Path | str, out: Path | str, **kwargs: Any) -> ExportReport:
+    """Export every committed, not yet exported episode of ``store_dir`` into the dataset at ``out``."""
+    return export_stores([store_dir], out, **kwargs)
+
+
+def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str | None = None,
+                  progress: Callable[[int, int], None] | None = None,
+                  stage_pause: Callable[[str], None] | None = None) -> ExportReport:
+    """Export the committed, not yet exported episodes of every store in ``stores`` (in that order) into the
+    dataset at ``out``, as one new version. Exactly once per (store id, staging episode).
+
+    Every store's features (cameras and sizes, fps, state and action shapes, codec settings) must equal the
+    others' and the dataset's; otherwise nothing is written and SchemaMismatchError names the difference.
+    Safe while generate jobs write the stores: each is opened with ``open_store_updater`` (states only:
+    ``exported``, and ``quarantined`` for an episode that fails its checks). ``stage_pause(name)`` is a
+    fault-injection hook called between steps (tests kill the process there).
     """
     started = time.monotonic()
     pause = stage_pause or (lambda _name: None)
-    store_dir, out = Path(store_dir), Path(out)
-    with open_store_updater(store_dir) as store:
-        fingerprint = store.fingerprint  # refuses unsafe camera / feature names before any write
-        if fingerprint is None or store.staging is None:
-            raise ExportError(f"{store_dir} holds no job yet; nothing to export")
-        catalog, staging = store.catalog, store.staging
+    out = Path(out)
+    if not stores:
+        raise ExportError("no store to export from")
+    with contextlib.ExitStack() as opened:
+        sources = [_open_source(Path(p), opened) for p in stores]
+        _refuse_duplicate_stores(sources)
         target = resolve_target(out)
-        if target.marker is not None and target.marker.schema != schema_identity(fingerprint):
-            diffs = [k for k, v in schema_identity(fingerprint).items() if target.marker.schema.get(k) != v]
-            raise SchemaMismatchError(f"{out} was written for a different job (differs in: {', '.join(diffs)}); "
-                                      "export to a new directory")
+        _check_schemas(sources, target.marker, out)
         check_writable(out.parent)
         lock_fd = lock_exports(target.versions)
         try:
             remove_unfinished(target.versions, target.current)
-            reconciled = _reconcile(catalog, target.marker)
+            marker = _attribute(target.marker, sources)
+            reconciled = sum(_reconcile(source, marker) for source in sources)
             # What the dataset already holds is the published marker's word, not the catalog's: a store
             # can feed a second dataset, and a crash can fall between publishing and the catalog update.
-            present = set(target.marker.dataset_indices()) if target.marker else set()
-            rows = [r for r in catalog.committed() if r.episode_id not in present]
-            episodes, quarantined = _load_episodes(catalog, staging, rows)
+            episodes: list[tuple[_Source, AttemptRow, StagedEpisode]] = []
+            quarantined: list[str] = []
+            for source in sources:
+                present = set(marker.dataset_indices(source.store_id)) if marker else set()
+                rows = [r for r in source.catalog.committed() if r.episode_id not in present]
+                good, bad = _load_episodes(source, rows)
+                episodes += good
+                quarantined += bad
             if not episodes:
                 return ExportReport(out, target.current.name if target.current else None, 0,
-                                    target.marker.total_episodes if target.marker else 0,
-                                    target.marker.total_frames if target.marker else 0,
+                                    marker.total_episodes if marker else 0, marker.total_frames if marker else 0,
                                     quarantined, reconciled, time.monotonic() - started)
-            writer = _VersionWriter(target, fingerprint, repo_id or f"demoforge/{fingerprint.task}", pause)
-            version, marker = writer.write(episodes, progress)
+            writer = _VersionWriter(target, marker, sources[0].fingerprint,
+                                    repo_id or f"demoforge/{sources[0].fingerprint.task}", pause)
+            version, published = writer.write(episodes, progress)
             pause("before_catalog")
-            catalog.mark_exported({row.episode_id: idx for (row, _), idx in zip(episodes, writer.new_indices)
-                                   if row.state == AttemptState.COMMITTED})
+            for source in sources:
+                source.catalog.mark_exported({row.episode_id: idx for (src, row, _), idx
+                                              in zip(episodes, writer.new_indices)
+                                              if src is source and row.state == AttemptState.COMMITTED})
             prune_versions(target.versions, keep=KEEP_VERSIONS)
-            return ExportReport(out, version, len(episodes), marker.total_episodes, marker.total_frames,
+            return ExportReport(out, version, len(episodes), published.total_episodes, published.total_frames,
                                 quarantined, reconciled, time.monotonic() - started)
         finally:
             os.close(lock_fd)
 
 
-def _reconcile(catalog: Catalog, marker: ExportMarker | None) -> int:
-    """Make the catalog agree with the published dataset (a crash can fall between publish and catalog)."""
+def _open_source(path: Path, opened: contextlib.ExitStack) -> _Source:
+    store = opened.enter_context(open_store_updater(path))
+    fingerprint = store.fingerprint  # refuses unsafe camera / feature names before any write
+    if fingerprint is None or store.staging is None:
+        raise ExportError(f"{path} holds no job yet; nothing to export")
+    return _Source(path, store.catalog.ensure_store_id(), fingerprint, store.catalog, store.staging)
+
+
+def _refuse_duplicate_stores(sources: Sequence[_Source]) -> None:
+    seen: dict[str, Path] = {}
+    for source in sources:
+        if source.store_id in seen:
+            raise ExportError(f"{source.path} and {seen[source.store_id]} are the same store (id {source.store_id}: "
+                              "a copy of a store keeps its id); name each store once")
+        seen[source.store_id] = source.path
+
+
+def _check_schemas(sources: Sequence[_Source], marker: ExportMarker | None, out: Path) -> None:
+    """Refuse, before anything is written, stores whose features differ from each other or the dataset's."""
+    first = sources[0]
+    reference, reference_name = (dict(marker.schema), f"the dataset {out}") if marker else \
+        (schema_identity(first.fingerprint), f"store {first.path}")
+    for source in sources:
+        diffs = schema_differences(reference, schema_identity(source.fingerprint), reference_name,
+                                   f"store {source.path}")
+        if diffs:
+            raise SchemaMismatchError(f"cannot export {source.path} into {out}: its features differ ("
+                                      + "; ".join(diffs) + "). A dataset holds one feature layout: export this "
+                                      "store to another dataset; nothing was written")
+
+
+def _attribute(marker: ExportMarker | None, sources: Sequence[_Source]) -> ExportMarker | None:
+    """Give the entries of a marker written before stores had ids the id of the store they came from.
+
+    Such a dataset was fed by one store. An entry is a source's when that store's catalog records the
+    episode exported at the same dataset index; when the marker has only such entries and this export
+    reads a single store, they are all that store's (the old single-store behaviour, which also covers a
+    crash between publishing and the catalog update)."""
+    if marker is None or all(e.store_id is not None for e in marker.episodes):
+        return marker
+    owners: dict[tuple[str, int], str] = {}
+    for source in sources:
+        for row in source.catalog.attempts((AttemptState.EXPORTED,)):
+            if row.dataset_index is not None:
+                owners[(row.episode_id, row.dataset_index)] = source.store_id
+    only_legacy = all(e.store_id is None for e in marker.episodes)
+    fallback = sources[0].store_id if only_legacy and len(sources) == 1 else None
+    episodes = tuple(e if e.store_id is not None else
+                     dataclasses.replace(e, store_id=owners.get((e.episode_id, e.dataset_index), fallback))
+                     for e in marker.episodes)
+    return dataclasses.replace(marker, episodes=episodes)
+
+
+def _reconcile(source: _Source, marker: ExportMarker | None) -> int:
+    """Make a store's catalog agree with the published dataset (a crash can fall between publish and catalog)."""
     if not marker:
         return 0
-    published = marker.dataset_indices()
-    pending = {r.episode_id: published[r.episode_id] for r in catalog.attempts((AttemptState.COMMITTED,))
+    published = marker.dataset_indices(source.store_id)
+    pending = {r.episode_id: published[r.episode_id] for r in source.catalog.attempts((AttemptState.COMMITTED,))
                if r.episode_id in published}
     if pending:
-        catalog.mark_exported(pending)
+        source.catalog.mark_exported(pending)
     return len(pending)
 
 
-def _load_episodes(catalog: Catalog, staging: StagingStore,
-                   rows: Sequence[AttemptRow]) -> tuple[list[tuple[AttemptRow, StagedEpisode]], list[str]]:
+def _load_episodes(source: _Source, rows: Sequence[AttemptRow]
+                   ) -> tuple[list[tuple[_Source, AttemptRow, StagedEpisode]], list[str]]:
     """Read and check each committed episode; a corrupt one is quarantined and never exported."""
-    good: list[tuple[AttemptRow, StagedEpisode]] = []
+    good: list[tuple[_Source, AttemptRow, StagedEpisode]] = []
     quarantined: list[str] = []
     for row in rows:
         try:
-            good.append((row, check_episode(staging, row, decode=False)))
+            good.append((source, row, check_episode(source.staging, row, decode=False)))
         except StagingCorruptError as exc:
-            catalog.quarantine(row.episode_id, f"export: {exc}")
+            source.catalog.quarantine(row.episode_id, f"export: {exc}")
             quarantined.append(row.episode_id)
     return good, quarantined
 
@@ -167,9 +253,10 @@ def _next_file(chunk: int, file: int) -> tuple[int, int]:
 class _VersionWriter:
     """Builds one new dataset version next to the published one."""
 
-    def __init__(self, target: Published, fingerprint: Fingerprint, repo_id: str,
+    def __init__(self, target: Published, marker: ExportMarker | None, fingerprint: Fingerprint, repo_id: str,
                  pause: Callable[[str], None]) -> None:
         self.target = target
+        self.old = marker  # the published marker, its entries attributed to stores
         self.fp = fingerprint
         self.repo_id = repo_id
         self.pause = pause
@@ -178,9 +265,9 @@ class _VersionWriter:
         self.features = dataset_features(fingerprint)
         self.new_indices: list[int] = []
 
-    def write(self, episodes: list[tuple[AttemptRow, StagedEpisode]],
+    def write(self, episodes: list[tuple[_Source, AttemptRow, StagedEpisode]],
               progress: Callable[[int, int], None] | None) -> tuple[str, ExportMarker]:
-        old = self.target.marker
+        old = self.old
         number = (old.version if old else 0) + 1
         build = start_version(self.target, number)
         self.pause("after_links")
@@ -195,8 +282,8 @@ class _VersionWriter:
         for camera in self.cameras:
             start = old.next_videos.get(camera.name, (0, 0)) if old else (0, 0)
             spans, nxt, files = _write_videos(build, camera_key(camera.name), start, self.fps,
-                                              [ep.video[camera.name] for _row, ep in episodes],
-                                              [r.frames or 0 for r, _ in episodes])
+                                              [ep.video[camera.name] for _src, _row, ep in episodes],
+                                              [r.frames or 0 for _src, r, _ep in episodes])
             video_spans[camera.name], video_cursors[camera.name] = spans, nxt
             written += files
         self.pause("after_videos")
@@ -206,12 +293,12 @@ class _VersionWriter:
         meta_rows: list[dict[str, Any]] = []
         sidecar: list[dict[str, Any]] = []
         frame = first_frame
-        for offset, (row, ep) in enumerate(episodes):
+        for offset, (source, row, ep) in enumerate(episodes):
             frames = row.frames or 0
             index = first_index + offset
             self.new_indices.append(index)
             record = row.record or {}
-            instruction = record.get("instruction") or self.fp.task
+            instruction = record.get("instruction") or source.fingerprint.task
             task_index = tasks.setdefault(instruction, len(tasks))
             data_rows.append(_episode_frames(ep, index, frame, task_index, self.fps, record))
             meta_rows.append({"episode_index": index, "tasks": [instruction], "length": frames,
@@ -221,8 +308,9 @@ class _VersionWriter:
                                                  video_spans[c.name][offset])},
                               "_stats": _episode_stats(ep, data_rows[-1], self.features, self.cameras)})
             sidecar.append({**record, "schema_version": SCHEMA_VERSION, "dataset_episode_index": index,
-                            "staging_episode_id": row.episode_id, "staging_episode_index": row.episode_index,
-                            "length": frames, "content_hash": row.content_hash})
+                            **source.origin(), "staging_episode_id": row.episode_id,
+                            "staging_episode_index": row.episode_index, "length": frames,
+                            "content_hash": row.content_hash})
             frame += frames
             if progress is not None:
                 progress(offset + 1, len(episodes))
@@ -243,8 +331,8 @@ class _VersionWriter:
                               total_episodes=total_episodes, total_frames=total_frames, tasks=tasks,
                               next_data=data_next, next_meta=meta_next, next_videos=video_cursors,
                               episodes=(*(old.episodes if old else ()),
-                                        *(PublishedEpisode(r.episode_id, i)
-                                          for (r, _), i in zip(episodes, self.new_indices))))
+                                        *(PublishedEpisode(r.episode_id, i, src.store_id)
+                                          for (src, r, _), i in zip(episodes, self.new_indices))))
         written.append(write_json(build / MARKER, marker.to_json()))
         return publish_version(self.target, build, written, self.pause), marker
 
