@@ -6,7 +6,7 @@ training script gets the same behaviour (resume, atomic publishing, checks) as t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,11 +31,13 @@ def generate(task: str, episodes: int, store: Path | str, *, options: Mapping[st
     return run_job(spec, store)
 
 
-def export(store: Path | str, out: Path | str, *, repo_id: str | None = None) -> ExportReport:
-    """Publish the committed, not yet exported episodes of ``store`` as a new version of the dataset ``out``."""
-    from demoforge.storage.lerobot_export import export_store
+def export(store: Path | str | Sequence[Path | str], out: Path | str, *, repo_id: str | None = None) -> ExportReport:
+    """Publish the committed, not yet exported episodes of ``store`` (or of several stores with the same
+    features, in order) as a new version of the dataset ``out``."""
+    from demoforge.storage.lerobot_export import export_stores
 
-    return export_store(store, out, repo_id=repo_id)
+    stores = [store] if isinstance(store, (str, Path)) else list(store)
+    return export_stores(stores, out, repo_id=repo_id)
 
 
 def validate(dataset: Path | str, *, expect_segments: int | None = None, video_backend: str = "pyav") -> ValidationReport:

@@ -243,12 +243,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------------------- export
-def _export(store: Path, out: Path, repo_id: str | None, json_report: bool = False) -> int:
+def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: bool = False) -> int:
     from demoforge.pipeline.faults import export_pause
-    from demoforge.storage.lerobot_export import export_store
+    from demoforge.storage.lerobot_export import export_stores
 
     console = _console(stderr=True)
-    report = export_store(store, out, repo_id=repo_id, stage_pause=export_pause(),
+    report = export_stores(stores, out, repo_id=repo_id, stage_pause=export_pause(),
                           progress=lambda done, total: console.print(f"exported {done}/{total}")
                           if console.is_terminal or done == total or done % 50 == 0 else None)
     if json_report:  # one line, read by the daemon (pipeline/export_child.py)
@@ -264,7 +264,7 @@ def _export(store: Path, out: Path, repo_id: str | None, json_report: bool = Fal
                           "staged data was pruned after an export to another dataset")
     if report.quarantined:
         out_console.print(f"quarantined {len(report.quarantined)} corrupt episode(s), not exported: "
-                          f"{', '.join(report.quarantined)} (see `demoforge verify --store {store}`)")
+                          f"{', '.join(report.quarantined)} (see `demoforge verify --store STORE`)")
     if report.exported:
         out_console.print(f"exported {report.exported} episode(s) to {out} (version {report.version}); the dataset "
                           f"now holds {report.total_episodes} episodes, {report.total_frames} frames "
@@ -463,7 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_generate)
 
     p = sub.add_parser("export", help="write committed, not yet exported episodes into a LeRobot v3.0 dataset")
-    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--store", type=Path, required=True, action="append",
+                   help="a store to export from; repeat it to put several jobs with the same features into one "
+                        "dataset (each job's instruction becomes a task). Required")
     p.add_argument("--out", type=Path, required=True, metavar="DATASET_DIR")
     p.add_argument("--repo-id", default=None)
     p.add_argument("--json", action="store_true", help="print the result as one JSON line (default: off)")
@@ -521,22 +523,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def limit_malloc_arenas(arenas: int = 2) -> None:
-    """Cap glibc's malloc arenas. Every short-lived encoder thread (SVT-AV1 starts several per episode) can
-    get an arena of its own; their free memory is never returned, so RSS crept up ~100 MB over a few hundred
-    AV1 episodes before plateauing. Measured flat with the cap (see docs/performance.md). No-op off glibc."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-8, arenas)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    from demoforge.pipeline.malloc import limit_malloc_arenas, make_uninitialized_reads_deterministic
     from demoforge.pipeline.daemon_config import DaemonConfigError
     from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, describe_write_failure
     from demoforge.pipeline.job import JobConfigError
@@ -549,6 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     limit_malloc_arenas()
+    make_uninitialized_reads_deterministic()
     known = (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
              ExportError, DaemonConfigError, StagingFormatError)
     err = _console(stderr=True)

@@ -21,6 +21,7 @@ import json
 import sqlite3
 import threading
 import time
+import uuid
 import urllib.parse
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping
@@ -250,6 +251,7 @@ class Catalog:
                 db.execute("INSERT INTO meta VALUES ('fingerprint', ?)", (fingerprint.to_json(),))
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('catalog_version', ?)", (str(CATALOG_VERSION),))
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('created_at', ?)", (repr(time.time()),))
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('store_id', ?)", (json.dumps(uuid.uuid4().hex),))
                 return True
         stored = json.loads(row[0])
         wanted = fingerprint.to_dict()
@@ -264,6 +266,23 @@ class Catalog:
         """The store's job (None before a job was bound); FingerprintError for an old or foreign one."""
         rows = self._query("SELECT value FROM meta WHERE key = 'fingerprint'")
         return Fingerprint.from_json(rows[0][0]) if rows else None
+
+    def store_id(self) -> str | None:
+        """The store's identity: a random id given at creation, kept for life (moving or copying the folder
+        keeps it). A dataset fed by several stores tells their episodes apart by it. None for a store made
+        before ids existed, until :meth:`ensure_store_id` gives it one."""
+        value = self.get_meta("store_id")
+        return value if isinstance(value, str) else None
+
+    def ensure_store_id(self) -> str:
+        """The store's id, created now (once, in one transaction) for a store made before ids existed."""
+        with self._tx("give the store an id") as db:
+            row = db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
+            if row is not None:
+                return str(json.loads(row[0]))
+            value = uuid.uuid4().hex
+            db.execute("INSERT INTO meta VALUES ('store_id', ?)", (json.dumps(value),))
+            return value
 
     def set_meta(self, key: str, value: Any) -> None:
         with self._tx(f"set {key!r}") as db:

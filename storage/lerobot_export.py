@@ -13,6 +13,8 @@ into the shared per-camera mp4 of this export.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import io
 import os
 import shutil
@@ -42,6 +44,7 @@ from demoforge.storage.lerobot_format import (
     camera_key,
     dataset_features,
     file_checksum,
+    schema_differences,
     schema_identity,
 )
 from demoforge.storage.publish import (
@@ -67,7 +70,7 @@ from demoforge.storage.verify import check_episode
 from demoforge.storage.video import decode_indices
 from demoforge.storage.write_errors import writing
 
-__all__ = ["ExportError", "ExportReport", "NotOurDatasetError", "SchemaMismatchError", "export_store"]
+__all__ = ["ExportError", "ExportReport", "NotOurDatasetError", "SchemaMismatchError", "export_store", "export_stores"]
 
 
 class SchemaMismatchError(ExportError):
@@ -87,83 +90,164 @@ class ExportReport:
     pruned_elsewhere: tuple[str, ...] = ()  # pruned episodes this dataset lacks: their staged data is gone
 
 
-def export_store(store_dir: Path | str, out: Path | str, *, repo_id: str | None = None,
-                 progress: Callable[[int, int], None] | None = None,
-                 stage_pause: Callable[[str], None] | None = None) -> ExportReport:
-    """Export every committed, not yet exported episode of ``store_dir`` into the dataset at ``out``.
+@dataclass(frozen=True)
+class _Source:
+    """One store an export reads: where it is, who it is, its job, and its opened catalog and staging."""
 
-    Safe while a generate job writes the store: the store is opened with ``open_store_updater`` (states
-    only: ``exported``, and ``quarantined`` for an episode that fails its checks). ``stage_pause(name)`` is
-    a fault-injection hook called between steps (tests kill the process there).
+    path: Path
+    store_id: str
+    fingerprint: Fingerprint
+    catalog: Catalog
+    staging: StagingStore
+
+    def origin(self) -> dict[str, Any]:
+        """What the sidecar records of each episode's origin (besides the staging episode itself)."""
+        fp = self.fingerprint
+        return {"store_id": self.store_id, "job": {"task": fp.task, "task_options": dict(fp.task_options),
+                                                   "seed": fp.seed}}
+
+
+def export_store(store_dir: Path | str, out: Path | str, **kwargs: Any) -> ExportReport:
+    """Export every committed, not yet exported episode of ``store_dir`` into the dataset at ``out``."""
+    return export_stores([store_dir], out, **kwargs)
+
+
+def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str | None = None,
+                  progress: Callable[[int, int], None] | None = None,
+                  stage_pause: Callable[[str], None] | None = None) -> ExportReport:
+    """Export the committed, not yet exported episodes of every store in ``stores`` (in that order) into the
+    dataset at ``out``, as one new version. Exactly once per (store id, staging episode).
+
+    Every store's features (cameras and sizes, fps, state and action shapes, codec settings) must equal the
+    others' and the dataset's; otherwise nothing is written and SchemaMismatchError names the difference.
+    Safe while generate jobs write the stores: each is opened with ``open_store_updater`` (states only:
+    ``exported``, and ``quarantined`` for an episode that fails its checks). ``stage_pause(name)`` is a
+    fault-injection hook called between steps (tests kill the process there).
     """
     started = time.monotonic()
     pause = stage_pause or (lambda _name: None)
-    store_dir, out = Path(store_dir), Path(out)
-    with open_store_updater(store_dir) as store:
-        fingerprint = store.fingerprint  # refuses unsafe camera / feature names before any write
-        if fingerprint is None or store.staging is None:
-            raise ExportError(f"{store_dir} holds no job yet; nothing to export")
-        catalog, staging = store.catalog, store.staging
+    out = Path(out)
+    if not stores:
+        raise ExportError("no store to export from")
+    with contextlib.ExitStack() as opened:
+        sources = [_open_source(Path(p), opened) for p in stores]
+        _refuse_duplicate_stores(sources)
         target = resolve_target(out)
-        if target.marker is not None and target.marker.schema != schema_identity(fingerprint):
-            diffs = [k for k, v in schema_identity(fingerprint).items() if target.marker.schema.get(k) != v]
-            raise SchemaMismatchError(f"{out} was written for a different job (differs in: {', '.join(diffs)}); "
-                                      "export to a new directory")
+        _check_schemas(sources, target.marker, out)
         check_writable(out.parent)
         lock_fd = lock_exports(target.versions)
         try:
             remove_unfinished(target.versions, target.current)
-            reconciled = _reconcile(catalog, target.marker)
+            marker = _attribute(target.marker, sources)
+            reconciled = sum(_reconcile(source, marker) for source in sources)
             # What the dataset already holds is the published marker's word, not the catalog's: a store
             # can feed a second dataset, and a crash can fall between publishing and the catalog update.
-            present = set(target.marker.dataset_indices()) if target.marker else set()
-            rows = [r for r in catalog.committed() if r.episode_id not in present]
-            pruned = catalog.pruned_ids()  # exported earlier, staged data deleted: never read (nor quarantined)
-            gone = tuple(r.episode_id for r in rows if r.episode_id in pruned)
-            rows = [r for r in rows if r.episode_id not in pruned]
-            check_free_space(out, rows)  # before anything is written: the numbers, not a half-written version
-            writer = _VersionWriter(target, fingerprint, repo_id or f"demoforge/{fingerprint.task}", pause)
-            result = writer.write(_read_one_at_a_time(catalog, staging, rows), len(rows), progress)
-            quarantined = writer.quarantined
+            pending: list[tuple[_Source, AttemptRow]] = []
+            gone: list[str] = []
+            for source in sources:
+                present = set(marker.dataset_indices(source.store_id)) if marker else set()
+                rows = [r for r in source.catalog.committed() if r.episode_id not in present]
+                pruned = source.catalog.pruned_ids()  # exported earlier, staged data deleted: never read again
+                gone += [r.episode_id for r in rows if r.episode_id in pruned]
+                pending += [(source, r) for r in rows if r.episode_id not in pruned]
+            check_free_space(out, [row for _source, row in pending])  # before anything is written
+            writer = _VersionWriter(target, marker, sources[0].fingerprint,
+                                    repo_id or f"demoforge/{sources[0].fingerprint.task}", pause)
+            result = writer.write(_read_one_at_a_time(pending), len(pending), progress)
             if result is None:  # every pending episode failed its checks (or none was pending)
                 return ExportReport(out, target.current.name if target.current else None, 0,
-                                    target.marker.total_episodes if target.marker else 0,
-                                    target.marker.total_frames if target.marker else 0,
-                                    quarantined, reconciled, time.monotonic() - started, gone)
-            version, marker = result
+                                    marker.total_episodes if marker else 0, marker.total_frames if marker else 0,
+                                    writer.quarantined, reconciled, time.monotonic() - started, tuple(gone))
+            version, published = result
             pause("before_catalog")
-            catalog.mark_exported({row.episode_id: idx for row, idx in zip(writer.exported_rows, writer.new_indices)
-                                   if row.state == AttemptState.COMMITTED})
+            for source in sources:
+                source.catalog.mark_exported({row.episode_id: idx for (src, row), idx
+                                              in zip(writer.exported, writer.new_indices)
+                                              if src is source and row.state == AttemptState.COMMITTED})
             prune_versions(target.versions, keep=KEEP_VERSIONS)
-            return ExportReport(out, version, len(writer.exported_rows), marker.total_episodes, marker.total_frames,
-                                quarantined, reconciled, time.monotonic() - started, gone)
+            return ExportReport(out, version, len(writer.exported), published.total_episodes,
+                                published.total_frames, writer.quarantined, reconciled,
+                                time.monotonic() - started, tuple(gone))
         finally:
             os.close(lock_fd)
 
 
-def _reconcile(catalog: Catalog, marker: ExportMarker | None) -> int:
-    """Make the catalog agree with the published dataset (a crash can fall between publish and catalog)."""
+def _open_source(path: Path, opened: contextlib.ExitStack) -> _Source:
+    store = opened.enter_context(open_store_updater(path))
+    fingerprint = store.fingerprint  # refuses unsafe camera / feature names before any write
+    if fingerprint is None or store.staging is None:
+        raise ExportError(f"{path} holds no job yet; nothing to export")
+    return _Source(path, store.catalog.ensure_store_id(), fingerprint, store.catalog, store.staging)
+
+
+def _refuse_duplicate_stores(sources: Sequence[_Source]) -> None:
+    seen: dict[str, Path] = {}
+    for source in sources:
+        if source.store_id in seen:
+            raise ExportError(f"{source.path} and {seen[source.store_id]} are the same store (id {source.store_id}: "
+                              "a copy of a store keeps its id); name each store once")
+        seen[source.store_id] = source.path
+
+
+def _check_schemas(sources: Sequence[_Source], marker: ExportMarker | None, out: Path) -> None:
+    """Refuse, before anything is written, stores whose features differ from each other or the dataset's."""
+    first = sources[0]
+    reference, reference_name = (dict(marker.schema), f"the dataset {out}") if marker else \
+        (schema_identity(first.fingerprint), f"store {first.path}")
+    for source in sources:
+        diffs = schema_differences(reference, schema_identity(source.fingerprint), reference_name,
+                                   f"store {source.path}")
+        if diffs:
+            raise SchemaMismatchError(f"cannot export {source.path} into {out}: its features differ ("
+                                      + "; ".join(diffs) + "). A dataset holds one feature layout: export this "
+                                      "store to another dataset; nothing was written")
+
+
+def _attribute(marker: ExportMarker | None, sources: Sequence[_Source]) -> ExportMarker | None:
+    """Give the entries of a marker written before stores had ids the id of the store they came from.
+
+    Such a dataset was fed by one store. An entry is a source's when that store's catalog records the
+    episode exported at the same dataset index; when the marker has only such entries and this export
+    reads a single store, they are all that store's (the old single-store behaviour, which also covers a
+    crash between publishing and the catalog update)."""
+    if marker is None or all(e.store_id is not None for e in marker.episodes):
+        return marker
+    owners: dict[tuple[str, int], str] = {}
+    for source in sources:
+        for row in source.catalog.attempts((AttemptState.EXPORTED,)):
+            if row.dataset_index is not None:
+                owners[(row.episode_id, row.dataset_index)] = source.store_id
+    only_legacy = all(e.store_id is None for e in marker.episodes)
+    fallback = sources[0].store_id if only_legacy and len(sources) == 1 else None
+    episodes = tuple(e if e.store_id is not None else
+                     dataclasses.replace(e, store_id=owners.get((e.episode_id, e.dataset_index), fallback))
+                     for e in marker.episodes)
+    return dataclasses.replace(marker, episodes=episodes)
+
+
+def _reconcile(source: _Source, marker: ExportMarker | None) -> int:
+    """Make a store's catalog agree with the published dataset (a crash can fall between publish and catalog)."""
     if not marker:
         return 0
-    published = marker.dataset_indices()
-    pending = {r.episode_id: published[r.episode_id] for r in catalog.attempts((AttemptState.COMMITTED,))
+    published = marker.dataset_indices(source.store_id)
+    pending = {r.episode_id: published[r.episode_id] for r in source.catalog.attempts((AttemptState.COMMITTED,))
                if r.episode_id in published}
     if pending:
-        catalog.mark_exported(pending)
+        source.catalog.mark_exported(pending)
     return len(pending)
 
 
-def _read_one_at_a_time(catalog: Catalog, staging: StagingStore, rows: Sequence[AttemptRow]
-                        ) -> Iterator[tuple[AttemptRow, StagedEpisode | None]]:
+def _read_one_at_a_time(pending: Sequence[tuple[_Source, AttemptRow]]
+                        ) -> Iterator[tuple[_Source, AttemptRow, StagedEpisode | None]]:
     """Each pending episode read and checked when the writer asks for it, so an export holds one episode's
     data at a time whatever the number pending. A corrupt one is quarantined (yielded as None: never
     exported)."""
-    for row in rows:
+    for source, row in pending:
         try:
-            yield row, check_episode(staging, row, decode=False)
+            yield source, row, check_episode(source.staging, row, decode=False)
         except StagingCorruptError as exc:
-            catalog.quarantine(row.episode_id, f"export: {exc}")
-            yield row, None
+            source.catalog.quarantine(row.episode_id, f"export: {exc}")
+            yield source, row, None
 
 
 def estimate_export_bytes(rows: Sequence[AttemptRow]) -> int:
@@ -201,9 +285,10 @@ def _next_file(chunk: int, file: int) -> tuple[int, int]:
 class _VersionWriter:
     """Builds one new dataset version next to the published one."""
 
-    def __init__(self, target: Published, fingerprint: Fingerprint, repo_id: str,
+    def __init__(self, target: Published, marker: ExportMarker | None, fingerprint: Fingerprint, repo_id: str,
                  pause: Callable[[str], None]) -> None:
         self.target = target
+        self.old = marker  # the published marker, its entries attributed to stores
         self.fp = fingerprint
         self.repo_id = repo_id
         self.pause = pause
@@ -211,15 +296,15 @@ class _VersionWriter:
         self.cameras = fingerprint.cameras
         self.features = dataset_features(fingerprint)
         self.new_indices: list[int] = []
-        self.exported_rows: list[AttemptRow] = []
+        self.exported: list[tuple[_Source, AttemptRow]] = []
         self.quarantined: list[str] = []
 
-    def write(self, episodes: Iterable[tuple[AttemptRow, StagedEpisode | None]], total: int,
+    def write(self, episodes: Iterable[tuple[_Source, AttemptRow, StagedEpisode | None]], total: int,
               progress: Callable[[int, int], None] | None) -> tuple[str, ExportMarker] | None:
         """Build and publish the next version from ``episodes``, consumed one at a time: each is remuxed,
         its frames appended to the open parquet file, its stats computed, then dropped. Returns None when no
         episode was good (nothing published). On any error the unfinished version folder is removed at once."""
-        old = self.target.marker
+        old = self.old
         number = (old.version if old else 0) + 1
         build = start_version(self.target, number)
         try:
@@ -231,9 +316,9 @@ class _VersionWriter:
                     shutil.rmtree(leftover, ignore_errors=True)  # give the space back now, not at the next export
             raise
 
-    def _write(self, build: Path, number: int, episodes: Iterable[tuple[AttemptRow, StagedEpisode | None]],
+    def _write(self, build: Path, number: int, episodes: Iterable[tuple[_Source, AttemptRow, StagedEpisode | None]],
                total: int, progress: Callable[[int, int], None] | None) -> tuple[str, ExportMarker] | None:
-        old = self.target.marker
+        old = self.old
         self.pause("after_links")
         first_index = old.total_episodes if old else 0
         first_frame = old.total_frames if old else 0
@@ -248,16 +333,16 @@ class _VersionWriter:
         try:
             done = 0
             for item in episodes:  # (no enumerate: its cached result tuple would keep the last episode alive)
-                row, ep = item
+                source, row, ep = item
                 del item
                 done += 1
                 if ep is None:
                     self.quarantined.append(row.episode_id)
                 else:
                     frames = row.frames or 0
-                    index = first_index + len(self.exported_rows)
+                    index = first_index + len(self.exported)
                     record = row.record or {}
-                    instruction = record.get("instruction") or self.fp.task
+                    instruction = record.get("instruction") or source.fingerprint.task
                     task_index = tasks.setdefault(instruction, len(tasks))
                     spans = {name: writer.add(ep.video[name], frames) for name, writer in videos.items()}
                     cols = _episode_frames(ep, index, frame, task_index, self.fps, record)
@@ -270,9 +355,10 @@ class _VersionWriter:
                                                           "to_timestamp"), spans[c.name])},
                                       "_stats": stats, "_data": data_span})
                     sidecar.append({**record, "schema_version": SCHEMA_VERSION, "dataset_episode_index": index,
-                                    "staging_episode_id": row.episode_id, "staging_episode_index": row.episode_index,
-                                    "length": frames, "content_hash": row.content_hash})
-                    self.exported_rows.append(row)
+                                    **source.origin(), "staging_episode_id": row.episode_id,
+                                    "staging_episode_index": row.episode_index, "length": frames,
+                                    "content_hash": row.content_hash})
+                    self.exported.append((source, row))
                     self.new_indices.append(index)
                     frame += frames
                     del ep, cols
@@ -281,7 +367,7 @@ class _VersionWriter:
         finally:
             video_cursors = {name: writer.close() for name, writer in videos.items()}
             data_next = data.close()
-        if not self.exported_rows:
+        if not self.exported:
             shutil.rmtree(build)
             return None
         for writer in videos.values():
@@ -297,15 +383,15 @@ class _VersionWriter:
         written += _write_tasks(build, tasks)
         stats = _aggregate_stats(build, [m["_stats"] for m in meta_rows], old is not None)
         written.append(stats)
-        total_episodes, total_frames = first_index + len(self.exported_rows), frame
+        total_episodes, total_frames = first_index + len(self.exported), frame
         written.append(_write_info(build, self.features, self.fps, total_episodes, total_frames, len(tasks)))
         written.append(append_jsonl(build / SIDECAR, sidecar))
         marker = ExportMarker(version=number, repo_id=self.repo_id, schema=schema_identity(self.fp),
                               total_episodes=total_episodes, total_frames=total_frames, tasks=tasks,
                               next_data=data_next, next_meta=meta_next, next_videos=video_cursors,
                               episodes=(*(old.episodes if old else ()),
-                                        *(PublishedEpisode(r.episode_id, i)
-                                          for r, i in zip(self.exported_rows, self.new_indices))),
+                                        *(PublishedEpisode(r.episode_id, i, src.store_id)
+                                          for (src, r), i in zip(self.exported, self.new_indices))),
                               files=_file_checksums(build, old, written))
         written.append(write_json(build / MARKER, marker.to_json()))
         return publish_version(self.target, build, written, self.pause), marker

@@ -86,15 +86,54 @@ def dataset_features(fingerprint: Fingerprint) -> dict[str, dict]:
 
 
 def schema_identity(fingerprint: Fingerprint) -> dict[str, Any]:
-    """What must match between a store and the dataset it appends to."""
+    """What must match between every store a dataset holds episodes of, and the dataset: the features and
+    how they are encoded. The task is not part of it: one dataset can hold several jobs (each job's
+    instruction is a task of its own in ``tasks.parquet``)."""
     raw = fingerprint.to_dict()
-    return {k: raw[k] for k in ("schema_version", "task", "fps", "cameras", "state_shapes", "action_shape", "video")}
+    return {k: raw[k] for k in ("schema_version", "fps", "cameras", "state_shapes", "action_shape", "video")}
+
+
+def schema_differences(a: Mapping[str, Any], b: Mapping[str, Any], a_name: str, b_name: str) -> list[str]:
+    """How two schema identities differ, by feature name: ``observation.images.front: 64x64 in A, 96x96 in B``.
+    Empty when they match (a ``task`` key, which markers written before multi-job datasets carry, is ignored)."""
+    out: list[str] = []
+
+    def differ(what: str, x: Any, y: Any) -> None:
+        out.append(f"{what}: {x} in {a_name}, {y} in {b_name}")
+
+    def by_name(schema: Mapping[str, Any], key: str) -> dict[str, Any]:
+        value = schema.get(key) or {}
+        return {c[0]: f"{c[1]}x{c[2]}" for c in value} if key == "cameras" else \
+            {k: tuple(v) for k, v in dict(value).items()}
+
+    for key, label in (("cameras", camera_key), ("state_shapes", lambda name: name)):
+        left, right = by_name(a, key), by_name(b, key)
+        for name in sorted(set(left) | set(right)):
+            if left.get(name) != right.get(name):
+                differ(label(name), left.get(name, "absent"), right.get(name, "absent"))
+    if tuple(a.get("action_shape") or ()) != tuple(b.get("action_shape") or ()):
+        differ("action shape", tuple(a.get("action_shape") or ()), tuple(b.get("action_shape") or ()))
+    for key in ("fps", "schema_version"):
+        if a.get(key) != b.get(key):
+            differ(key, a.get(key), b.get(key))
+    va, vb = dict(a.get("video") or {}), dict(b.get("video") or {})
+    for key in sorted(set(va) | set(vb)):
+        if va.get(key) != vb.get(key):
+            differ(f"video {key}", va.get(key), vb.get(key))
+    return out
 
 
 @dataclass(frozen=True)
 class PublishedEpisode:
     episode_id: str  # the staging episode
     dataset_index: int
+    store_id: str | None = None  # None in markers written before datasets held several stores
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"episode_id": self.episode_id, "dataset_index": self.dataset_index}
+        if self.store_id is not None:
+            out["store_id"] = self.store_id
+        return out
 
 
 FileCursor = tuple[int, int]  # (chunk index, file index) of the next file to write
@@ -142,7 +181,7 @@ class ExportMarker:
                 "total_frames": self.total_frames, "tasks": dict(self.tasks),
                 "next_files": {"data": list(self.next_data), "meta": list(self.next_meta),
                                "videos": {c: list(v) for c, v in self.next_videos.items()}},
-                "episodes": [{"episode_id": e.episode_id, "dataset_index": e.dataset_index} for e in self.episodes],
+                "episodes": [e.to_json() for e in self.episodes],
                 "files": {path: {"bytes": c.size, "sha256": c.sha256} for path, c in sorted(self.files.items())}}
 
     @classmethod
@@ -163,7 +202,8 @@ class ExportMarker:
                        tasks={str(k): int(v) for k, v in data["tasks"].items()},
                        next_data=_cursor(files["data"]), next_meta=_cursor(files["meta"]),
                        next_videos={str(c): _cursor(v) for c, v in files["videos"].items()},
-                       episodes=tuple(PublishedEpisode(str(e["episode_id"]), int(e["dataset_index"]))
+                       episodes=tuple(PublishedEpisode(str(e["episode_id"]), int(e["dataset_index"]),
+                                                       None if e.get("store_id") is None else str(e["store_id"]))
                                       for e in data["episodes"]),
                        files={str(path): FileChecksum(int(c["bytes"]), str(c["sha256"]))
                               for path, c in data.get("files", {}).items()})
@@ -174,8 +214,9 @@ class ExportMarker:
     def read(cls, version_dir: Path) -> ExportMarker:
         return cls.from_json(json.loads((version_dir / MARKER).read_text()))
 
-    def dataset_indices(self) -> dict[str, int]:
-        return {e.episode_id: e.dataset_index for e in self.episodes}
+    def dataset_indices(self, store_id: str | None = None) -> dict[str, int]:
+        """Staging episode -> dataset index: of every episode, or of those from the store ``store_id``."""
+        return {e.episode_id: e.dataset_index for e in self.episodes if store_id is None or e.store_id == store_id}
 
 
 def _cursor(value: Any) -> FileCursor:

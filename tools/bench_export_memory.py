@@ -2,7 +2,8 @@
 
     .venv/bin/python tools/bench_export_memory.py [--counts 20,400] [--seed-episodes 4] [--compare-with DIR]
 
-Generates a few small fetch-pick-place episodes (1 cycle, 64x64, h264) into a seed store, then builds stores
+Generates a few small fetch-pick-place episodes (1 cycle, 64x64, h264) into a seed store (with the code being
+measured, so the staging format is the one it reads), then builds stores
 with 20 and 400 pending episodes by copying those staged episodes under new episode ids and catalog rows
 (real Zarr folders and rows, the same bytes and content hashes, so export reads and checks them as usual).
 Each store is exported once by ``demoforge export`` in a child process; its peak RSS comes from
@@ -70,15 +71,15 @@ def main() -> int:
     counts = [int(c) for c in args.counts.split(",")]
     work = Path(tempfile.mkdtemp(prefix="demoforge-export-memory-"))
     try:
-        seed = work / "seed"
-        print(f"generating {args.seed_episodes} seed episodes ...", flush=True)
-        run([sys.executable, "-m", "demoforge.pipeline.cli", "generate", "--task", "fetch-pick-place",
-             "--option", "cycles=1", "--option", "image_size=64", "--codec", "h264",
-             "--episodes", str(args.seed_episodes), "--store", str(seed)], REPO)
         codes = [("this checkout", REPO)] + ([("compare", args.compare_with.resolve())] if args.compare_with else [])
         print(f"{'code':<14}{'episodes':>9}{'frames':>9}{'seconds':>9}{'frames/s':>10}{'peak RSS MB':>13}")
         peaks: dict[str, list[float]] = {}
         for label, code in codes:
+            # Each code generates its own seed store: its staging format is the one it reads.
+            seed = work / f"seed-{label.replace(' ', '-')}"
+            run([sys.executable, "-m", "demoforge.pipeline.cli", "generate", "--task", "fetch-pick-place",
+                 "--option", "cycles=1", "--option", "image_size=64", "--codec", "h264",
+                 "--episodes", str(args.seed_episodes), "--store", str(seed)], code)
             for count in counts:
                 store = work / f"{label.replace(' ', '-')}-{count}"
                 frames = replicate(seed, store, count)
