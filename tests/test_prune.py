@@ -88,3 +88,35 @@ def test_prune_killed_midway_is_finished_by_the_next_prune_or_writer(tmp_path: P
     assert staged(store) == {e for e, s in rows(store).items() if s == "committed"}
     export = run_cli("export", "--store", str(store), "--out", str(dataset))
     assert export.returncode == 0 and "holds 6 episodes" in export.stdout, export.stdout
+
+
+def test_daemon_prunes_after_each_export(tmp_path: Path) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text("""
+[job]
+task = "toy-point"
+episodes = 6
+options = { steps = 8, size = 32 }
+[video]
+codec = "h264"
+[store]
+dir = "store"
+[export]
+dir = "dataset"
+every_episodes = 3
+prune = true
+[metrics]
+address = "off"
+[disk]
+min_free_mb = 0
+""")
+    proc = subprocess.run(demoforge_argv("daemon", "--config", str(job), "--json-logs"), env=cli_env(),
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    assert any(e["event"] == "pruned" and e["episodes"] > 0 for e in events), proc.stderr
+    store = tmp_path / "store"
+    assert set(rows(store).values()) == {"exported"} and len(rows(store)) == 6
+    assert not staged(store)  # the final export's episodes were pruned too
+    check = run_cli("validate", str(tmp_path / "dataset"), "--json")
+    assert check.returncode == 0 and json.loads(check.stdout)["episodes"] == 6
