@@ -201,9 +201,10 @@ def _export_in_child(store: Path, out: Path, repo_id: str | None) -> int:
     """``generate --export``: the export runs as a child process (its memory is returned when it ends)."""
     import subprocess
 
-    from demoforge.pipeline.export_child import export_argv
+    from demoforge.pipeline.export_child import PARENT_ENV, export_argv
 
-    code = subprocess.run(export_argv(store, out, repo_id, json_report=False), check=False).returncode
+    code = subprocess.run(export_argv(store, out, repo_id, json_report=False), check=False,
+                          env={**os.environ, PARENT_ENV: str(os.getpid())}).returncode
     if code < 0:
         _console(stderr=True).print(f"demoforge generate: error: the export process was killed (signal {-code}); "
                                     f"the dataset {out} stays at its last published version and the store is "
@@ -276,6 +277,9 @@ def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: boo
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from demoforge.pipeline.export_child import die_with_parent
+
+    die_with_parent()  # only when started as a daemon's (or generate's) export child
     return _export(args.store, args.out, args.repo_id, json_report=args.json)
 
 

@@ -42,8 +42,10 @@ def store_safety(store: Path | None) -> str:
 
 def describe_write_failure(command: str, exc: BaseException, args: argparse.Namespace) -> str:
     what, where, reason = failed_write(exc)
-    store = getattr(args, "store", None)
-    fallback = store or getattr(args, "out", None)
+    stores = getattr(args, "store", None)
+    stores = stores if isinstance(stores, list) else [stores] if stores is not None else []  # export: several
+    store = stores[0] if stores else None
+    fallback = getattr(args, "out", None) if command == "export" else store
     free = free_bytes(where or fallback or Path("."))
     cause = "the disk is full" if is_disk_full(exc) else reason
     lines = [f"demoforge {command}: error: {cause} ({reason}) while writing {what}",
@@ -54,7 +56,7 @@ def describe_write_failure(command: str, exc: BaseException, args: argparse.Name
                      "stopped")
     elif command == "export":
         lines.append(f"  safe: the published dataset {args.out} is unchanged and its unfinished new version was "
-                     f"removed; the store {args.store} is untouched")
+                     f"removed; the store(s) {', '.join(str(s) for s in stores)} untouched")
         lines.append("  next: free some space, then run the same export again")
     else:
         lines.append("  safe: data committed before this error is intact")

@@ -10,6 +10,7 @@ only the child: the daemon logs it and keeps generating, and the dataset stays a
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -19,6 +20,25 @@ from typing import Any
 import anyio
 
 STDERR_TAIL_LINES = 6
+PARENT_ENV = "DEMOFORGE_EXPORT_PARENT"  # set for the child: the pid it must not outlive
+
+
+def die_with_parent() -> None:
+    """In an export child: be killed when the parent dies (Linux ``PR_SET_PDEATHSIG``). A daemon killed with
+    SIGKILL must not leave its export running: the orphan would hold the dataset's export lock and the
+    restarted daemon's exports would be refused. Killing an export midway is safe (atomic publish)."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent:
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # the parent died before prctl took effect
+        os._exit(1)
 
 
 @dataclass(frozen=True)
@@ -59,7 +79,8 @@ def _tail(text: str) -> str:
 async def export_in_child(store: Path, out: Path, repo_id: str | None = None) -> ExportOutcome:
     """Export in a child process and wait for it; never raises for the child's failure."""
     # A cancelled wait (the daemon stopping) kills the child; an export killed midway publishes nothing.
-    result = await anyio.run_process(export_argv(store, out, repo_id, json_report=True), check=False)
+    env = {**os.environ, PARENT_ENV: str(os.getpid())}
+    result = await anyio.run_process(export_argv(store, out, repo_id, json_report=True), check=False, env=env)
     stdout, stderr = result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
     report = None
     if result.returncode == 0:

@@ -68,3 +68,27 @@ def test_killed_export_child_is_logged_retried_and_generation_goes_on(tmp_path: 
     rows, _staging = committed(tmp_path / "store")
     report = validate_dataset(dataset)
     assert report.status == 0 and report.episodes == len(rows)
+
+
+def test_export_child_dies_with_its_parent(tmp_path: Path) -> None:
+    """A SIGKILLed daemon must not leave an export running: it would hold the dataset's export lock."""
+    import subprocess
+    import sys
+
+    from helpers import cli_env, run_cli
+
+    store = tmp_path / "store"
+    assert run_cli("generate", "--task", "toy-point", "--codec", "h264", "--option", "steps=8", "--episodes", "2",
+                   "--store", str(store)).returncode == 0
+    # A stand-in parent that starts an export child the way the daemon does, then is killed.
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import anyio, sys; from pathlib import Path; from demoforge.pipeline.export_child import export_in_child;"
+        f"anyio.run(export_in_child, Path({str(store)!r}), Path({str(tmp_path / 'dataset')!r}))")],
+        env=cli_env(DEMOFORGE_EXPORT_PAUSE="5"))
+    child = wait_for(lambda: export_children(parent.pid), timeout=120)[0]
+    parent.kill()
+    parent.wait()
+    wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text()
+             .rsplit(")", 1)[1].split()[0], timeout=30)
+    again = run_cli("export", "--store", str(store), "--out", str(tmp_path / "dataset"))
+    assert again.returncode == 0 and "exported 2 episode(s)" in again.stdout, again.stderr
