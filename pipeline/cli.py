@@ -313,23 +313,61 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- main
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every optional option's help ends with its default; descriptions and examples keep their line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required or not action.option_strings:
+            return action.help
+        return super()._get_help_string(action)
+
+
+#: The example each command's --help ends with (a test checks every command has one).
+EXAMPLES = {
+    "tasks": "demoforge tasks fetch-pick-place",
+    "run": "demoforge run --task fetch-pick-place --episodes 2 --option cycles=1",
+    "generate": "demoforge generate --task fetch-pick-place --episodes 10 --store runs/fetch --export runs/fetch-dataset",
+    "export": "demoforge export --store runs/fetch --store runs/fetch-2cycles --out runs/fetch-dataset",
+    "validate": "demoforge validate runs/fetch-dataset --expect-segments 15",
+    "inspect": "demoforge inspect runs/fetch --plot runs/fetch.png",
+    "status": "demoforge status --store runs/fetch",
+    "daemon": "demoforge daemon --config docs/daemon.example.toml",
+    "verify": "demoforge verify --store runs/fetch --no-quarantine",
+}
+
+
+def _finish_help(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:
+    """One formatter everywhere, and each command's help ends with its example."""
+    parser.formatter_class = _HelpFormatter
+    parser.epilog = "example:\n  " + EXAMPLES["generate"] + "\n\nrun `demoforge COMMAND --help` for a command's options"
+    for name, command in sub.choices.items():
+        command.formatter_class = _HelpFormatter
+        if name in EXAMPLES:
+            command.epilog = "example:\n  " + EXAMPLES[name]
+
+
 def build_parser() -> argparse.ArgumentParser:
     from demoforge.pipeline.tasks.registry import DEFAULT_TASK
 
-    parser = argparse.ArgumentParser(prog="demoforge", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="demoforge", description="Segment-aware, crash-proof robot demonstrations: generate episodes from "
+        "gymnasium tasks with scripted experts into a resumable store, export them as LeRobot v3.0 datasets.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("tasks", help="list the tasks (built-in and plugins), or describe one")
     p.add_argument("name", nargs="?", default=None, metavar="NAME",
-                   help="describe this task in full: cameras, shapes, every segment, options (default: list all)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table (default: off)")
+                   help="describe this task in full: cameras, shapes, every segment, options (none: list all tasks)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(fn=cmd_tasks)
 
     def job_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--task", default=DEFAULT_TASK)
-        p.add_argument("--episodes", type=int, default=10)
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--max-attempts", type=int, default=3)
+        p.add_argument("--task", default=DEFAULT_TASK,
+                       help="a task name (`demoforge tasks`), or package.module:factory for a task not installed")
+        p.add_argument("--episodes", type=int, default=10, help="episodes to commit (the job's target)")
+        p.add_argument("--seed", type=int, default=0,
+                       help="job seed: each attempt's env seed is derived from (seed, episode, attempt)")
+        p.add_argument("--max-attempts", type=int, default=3,
+                       help="attempts per episode before it is abandoned (failed attempts are discarded)")
         p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                        help="a task option, e.g. --option cycles=2 (see `demoforge tasks`)")
 
@@ -339,13 +377,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate episodes into a store until N are committed (resumable)")
     job_args(p)
-    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--store", type=Path, required=True,
+                   help="the job's store folder (created if new; re-run with the same one to resume). Required")
     p.add_argument("--workers", type=int, default=1, help="env worker threads")
     p.add_argument("--num-envs", type=int, default=1, help="vector-env rows per worker")
     p.add_argument("--codec", default="libsvtav1", help="libsvtav1 (LeRobot's default), h264, hevc")
-    p.add_argument("--crf", type=int, default=30)
+    p.add_argument("--crf", type=int, default=30, help="encoder quality (lower: better, larger)")
     p.add_argument("--gop", type=int, default=2, help="keyframe interval")
-    p.add_argument("--encoder-threads", type=int, default=None)
+    p.add_argument("--encoder-threads", type=int, default=None,
+                   help="threads per camera encoder (None: the codec decides)")
     p.add_argument("--queue-frames", type=int, default=32, help="capacity of each inter-stage queue")
     p.add_argument("--step-timeout", type=float, default=60.0,
                    help="seconds an env call may take before its attempt is aborted (0: no limit)")
@@ -358,32 +398,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", type=Path, required=True, action="append",
                    help="a store to export from; repeat it to put several jobs with the same features into one "
                         "dataset (each job's instruction becomes a task). Required")
-    p.add_argument("--out", type=Path, required=True, metavar="DATASET_DIR")
-    p.add_argument("--repo-id", default=None)
+    p.add_argument("--out", type=Path, required=True, metavar="DATASET_DIR",
+                   help="the dataset (a link to its published version; created if new). Required")
+    p.add_argument("--repo-id", default=None, help="repo id recorded in the dataset (None: demoforge/TASK)")
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("validate", help="check an exported dataset and load it with LeRobotDataset "
                                         "(exit 0 valid, 1 mismatch, 2 cannot load)")
-    p.add_argument("dataset", type=Path, metavar="DATASET_DIR")
-    p.add_argument("--expect-segments", type=int, default=None)
-    p.add_argument("--video-backend", default="pyav", choices=["pyav", "torchcodec"])
-    p.add_argument("--json", action="store_true")
+    p.add_argument("dataset", type=Path, metavar="DATASET_DIR", help="an exported dataset")
+    p.add_argument("--expect-segments", type=int, default=None,
+                   help="every episode must have this many segments (None: not checked)")
+    p.add_argument("--video-backend", default="pyav", choices=["pyav", "torchcodec"],
+                   help="the video backend LeRobotDataset loads with")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(fn=cmd_validate)
 
     p = sub.add_parser("inspect", help="episodes, outcomes and segment statistics of a store or dataset")
-    p.add_argument("path", type=Path, metavar="STORE_OR_DATASET")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("path", type=Path, metavar="STORE_OR_DATASET", help="a store folder or an exported dataset")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
                    help="draw segment timelines and a contact sheet of frames at segment boundaries")
     p.set_defaults(fn=cmd_inspect)
 
     p = sub.add_parser("status", help="counts by state and outcome of a store (safe while a job runs)")
-    p.add_argument("--store", type=Path, required=True)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--store", type=Path, required=True, help="the store folder. Required")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(fn=cmd_status)
 
     p = sub.add_parser("daemon", help="run generation as a service: periodic export, metrics, graceful stop")
-    p.add_argument("--config", type=Path, required=True, metavar="JOB.toml")
+    p.add_argument("--config", type=Path, required=True, metavar="JOB.toml",
+                   help="the job file (docs/daemon.md). Required")
     p.add_argument("--store", type=Path, default=None, help="override store.dir")
     p.add_argument("--export", type=Path, default=None, help="override export.dir")
     p.add_argument("--episodes", type=int, default=None, help="override job.episodes")
@@ -392,10 +436,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_daemon)
 
     p = sub.add_parser("verify", help="re-read every committed episode: checksums, counts, hashes, video frames")
-    p.add_argument("--store", type=Path, required=True)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--store", type=Path, required=True, help="the store folder. Required")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-quarantine", action="store_true", help="report only; do not quarantine bad episodes")
     p.set_defaults(fn=cmd_verify)
+    _finish_help(parser, sub)
     return parser
 
 
