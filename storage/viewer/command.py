@@ -20,14 +20,10 @@ def run_view(path: Path, *, host: str, port: int, html: Path | None) -> int:
         count = len(source.entries())
         if html is not None:
             report = write_site(source, html, progress=_progress)
-            print(f"wrote the viewer of {what} to {report.out}: {report.episodes} episode(s), {report.files} video "
+            print(f"wrote the viewer of {what} to {report.out}: {report.episodes} episode(s), {report.videos} video "
                   f"file(s), {report.bytes / 2**20:.1f} MiB; open {report.out / 'index.html'} in a browser",
                   flush=True)
             return 0
-        if not is_loopback(host):
-            print(f"demoforge view: warning: serving on {host}, not loopback: anyone who can reach this machine on "
-                  f"port {port} can watch every episode of {path} (read-only, no authentication)",
-                  file=sys.stderr, flush=True)
         try:
             server = ViewerServer(source, host, port)
         except OSError as exc:
@@ -35,9 +31,13 @@ def run_view(path: Path, *, host: str, port: int, html: Path | None) -> int:
                 raise ViewerError(f"port {port} on {host} is in use; choose another with --port (0 picks a free "
                                   "one)") from None
             raise ViewerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-        print(f"serving {what}, {count} {'attempt' if summary.kind == 'store' else 'episode'}(s), at {server.url} "
-              "(read-only; Ctrl-C stops)", flush=True)
         try:
+            if not is_loopback(host):
+                print(f"demoforge view: warning: serving on {host}, not loopback: anyone who can reach this machine "
+                      f"on port {server.port} can watch every episode of {path} (read-only, no authentication)",
+                      file=sys.stderr, flush=True)
+            print(f"serving {what}, {count} {'attempt' if summary.kind == 'store' else 'episode'}(s), at "
+                  f"{server.url} (read-only; Ctrl-C stops)", flush=True)
             server.serve_forever()
         except KeyboardInterrupt:
             print("stopped", flush=True)

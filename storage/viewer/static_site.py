@@ -26,8 +26,8 @@ COPY_CHUNK = 1 << 20
 class SiteReport:
     out: Path
     episodes: int
-    files: int
-    bytes: int
+    videos: int  # video files copied or remuxed into the folder
+    bytes: int  # the whole folder
 
 
 def write_site(source: ViewerSource, out: Path | str,
@@ -55,7 +55,8 @@ def write_site(source: ViewerSource, out: Path | str,
     except BaseException:
         shutil.rmtree(build, ignore_errors=True)
         raise
-    return SiteReport(out, len(source.entries()), len(written), sum(written.values()))
+    videos = sum(1 for rel in written if rel.startswith(("files/", "media/")))
+    return SiteReport(out, len(source.entries()), videos, sum(written.values()))
 
 
 def _build(source: ViewerSource, build: Path, progress: Callable[[int, int], None] | None) -> dict[str, int]:
