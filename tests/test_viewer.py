@@ -5,6 +5,7 @@ a dataset published anew while the viewer is open."""
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import os
@@ -20,8 +21,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-import toy_tasks  # noqa: F401
+import toy_tasks
+from demoforge.pipeline.contract import RecordedObservation
 from demoforge.pipeline.job import JobSpec, VideoSettings
+from demoforge.pipeline.tasks.registry import CameraSpec, TaskEntry, register
 from demoforge.pipeline.runner import run_job
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.lerobot_export import export_store
@@ -254,6 +257,58 @@ def test_served_store_shows_discarded_attempts_and_plays_h264(toy_store, browser
         browser.find_element(By.TAG_NAME, "body").send_keys(Keys.SPACE)
         moved = wait(browser, lambda d: (s := js(d, VIDEO_STATE))["current"] == "1" and s, timeout=15)
         assert not moved["paused"]
+
+
+class TwoCameraPointEnv(toy_tasks.CameraPointEnv):
+    """toy-point with a second camera showing the first one's picture inverted."""
+
+    def demo_record(self, observation):
+        recorded = super().demo_record(observation)
+        return RecordedObservation(state=recorded.state, images={**recorded.images,
+                                                                 "wrist": 255 - recorded.images["cam"]})
+
+
+def _two_camera_info(options):
+    info = toy_tasks._info(options)
+    return dataclasses.replace(info, name="toy-two-cameras",
+                               cameras=(*info.cameras, CameraSpec("wrist", options["size"], options["size"])))
+
+
+register(TaskEntry(name="toy-two-cameras", defaults=toy_tasks.DEFAULTS, describe=_two_camera_info,
+                   make_env=lambda o: TwoCameraPointEnv(dict(o))))
+
+
+def test_cameras_play_side_by_side_in_sync(tmp_path, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    store, dataset = tmp_path / "store", tmp_path / "dataset"
+    run_job(JobSpec(task="toy-two-cameras", episodes=2, task_options={"steps": 40, "size": 32}, seed=3,
+                    video=VideoSettings(codec="h264")), store)
+    export_store(store, dataset)
+    fps = 10
+    both = "return [...document.querySelectorAll('#videos video')].map(v => [v.currentTime, v.paused, v.seeking]);"
+    with served(dataset) as server:
+        browser.get(server.url + "#episode=1")
+        wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#videos video")) == 2)
+        assert [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#videos figcaption")] == ["cam", "wrist"]
+        wait(browser, settled)
+        browser.find_elements(By.CSS_SELECTOR, "#timeline .seg")[1].click()
+        wait(browser, lambda d: not any(v[2] for v in js(d, both)))
+        (t0, _, _), (t1, _, _) = js(browser, both)
+        assert t0 == t1 and abs(t0 - (4.0 + 20 / fps)) < 0.5 / fps  # episode 1 starts 40 frames into the files
+        browser.find_elements(By.CSS_SELECTOR, "#timeline .seg")[0].click()
+        browser.find_element(By.TAG_NAME, "body").send_keys(Keys.SPACE)
+        gaps = []
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            (t0, p0, _), (t1, p1, _) = js(browser, both)
+            assert not p0 and not p1
+            gaps.append(abs(t0 - t1))
+            time.sleep(0.1)
+        assert max(gaps) <= 1.5 / fps, gaps  # the second camera follows the first within a frame and a half
+        browser.find_element(By.TAG_NAME, "body").send_keys(Keys.SPACE)
+        wait(browser, lambda d: (v := js(d, both)) and all(x[1] and not x[2] for x in v) and v[0][0] == v[1][0])
 
 
 # ------------------------------------------------------------------------------------------- serving

@@ -59,7 +59,7 @@
   function renderIndex() {
     const src = state.source;
     const version = src.version ? ` · version ${src.version}` : "";
-    $("source-line").textContent = `${src.kind} ${src.name}${src.task ? " · " + src.task : ""}${version} · ` +
+    $("source-line").textContent = `${src.kind}: ${src.name}${src.task ? " · " + src.task : ""}${version} · ` +
       `${src.fps} fps · cameras: ${src.cameras.join(", ") || "none"}` + (src.notes.length ? ` · ${src.notes.join("; ")}` : "");
     document.title = `demoforge view · ${src.name}`;
     const counts = new Map();
@@ -249,13 +249,22 @@
     $("playhead").style.left = `${(100 * (frame + 0.5)) / total}%`;
     const current = segmentIndexAt(frame);
     for (const span of $("timeline").querySelectorAll(".seg")) span.classList.toggle("current", Number(span.dataset.index) === current);
-    for (const tr of $("segments").tBodies[0].rows) tr.classList.toggle("current", Number(tr.dataset.index) === current);
+    for (const tr of $("segments").tBodies[0].rows) {
+      const now = Number(tr.dataset.index) === current;
+      if (now && !tr.classList.contains("current")) scrollWithin($("segment-panel").querySelector(".scroll"), tr);
+      tr.classList.toggle("current", now);
+    }
     $("current-segment").textContent = current >= 0 ? state.segments[current].name : "";
     $("current-segment").dataset.index = String(current);
     if (frame !== state.drawnFrame) {
       state.drawnFrame = frame;
       drawCurves();
     }
+  }
+
+  function scrollWithin(box, row) { // keep the current row in view without scrolling the page
+    if (row.offsetTop < box.scrollTop + row.offsetHeight) box.scrollTop = Math.max(row.offsetTop - row.offsetHeight, 0);
+    else if (row.offsetTop + row.offsetHeight > box.scrollTop + box.clientHeight) box.scrollTop = row.offsetTop + row.offsetHeight - box.clientHeight;
   }
 
   function renderTimeline() {
@@ -287,9 +296,20 @@
       el("td", { textContent: `[${s.start}, ${s.end}) · ${s.end - s.start}` }),
       el("td", { textContent: `${(s.start / state.fps).toFixed(2)}–${(s.end / state.fps).toFixed(2)}` }),
       el("td", { textContent: s.success ? "ok" : `failed${s.failure_reason ? ": " + s.failure_reason : ""}`, className: s.success ? "" : "fail" }),
-      el("td", {}, [el("code", { textContent: Object.keys(s.metadata || {}).length ? JSON.stringify(s.metadata) : "–" })]),
+      el("td", { className: "meta", title: JSON.stringify(s.metadata || {}, null, 1) }, [el("code", { textContent: metadataText(s.metadata) })]),
     ]));
     $("segments").tBodies[0].replaceChildren(...rows);
+  }
+
+  function shortValue(v) {
+    if (typeof v === "number") return Number.isInteger(v) ? String(v) : v.toFixed(3);
+    if (Array.isArray(v)) return `[${v.map(shortValue).join(", ")}]`;
+    if (v && typeof v === "object") return "{…}";
+    return String(v);
+  }
+  function metadataText(meta) {
+    const entries = Object.entries(meta || {});
+    return entries.length ? entries.map(([k, v]) => `${k}=${shortValue(v)}`).join("  ") : "–";
   }
 
   function renderCurves(view) {
