@@ -81,6 +81,7 @@ def served(path: Path, *extra: str):
     proc = subprocess.Popen(demoforge_argv("view", str(path), "--port", "0", *extra), env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     result = Served()
+    assert proc.stdout is not None and proc.stderr is not None
     try:
         line = proc.stdout.readline()
         assert "http://" in line, (line, proc.stderr.read() if proc.poll() is not None else "")

@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "docs/images/viewer.png",
                         help="where to write the PNG (default: docs/images/viewer.png)")
     parser.add_argument("--image-size", type=int, default=128, help="camera size when generating (default: 128)")
-    parser.add_argument("--width", type=int, default=1400, help="window width in pixels (default: 1400)")
+    parser.add_argument("--width", type=int, default=1600, help="window width in pixels (default: 1600)")
     parser.add_argument("--height", type=int, default=1000, help="window height in pixels (default: 1000)")
     parser.add_argument("--episode", type=int, default=1, help="dataset index of the episode shown (default: 1)")
     parser.add_argument("--segment", type=int, default=2, help="segment to seek into (default: 2, the third)")

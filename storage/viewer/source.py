@@ -19,11 +19,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from demoforge.storage.viewer.files import PinnedTree, ViewerError
+
+if TYPE_CHECKING:
+    from demoforge.storage.staging import StagedEpisode
 
 CAMERA_PREFIX = "observation.images."
 SIDECAR = ("meta", "demoforge_episodes.jsonl")
@@ -94,7 +97,10 @@ class SourceSummary:
 
 class ViewerSource(Protocol):
     summary: SourceSummary
-    files: PinnedTree | None  # served under files/ (datasets)
+
+    @property
+    def files(self) -> PinnedTree | None:
+        """The pinned files served under files/ (datasets), or None (stores)."""
 
     def entries(self) -> list[EpisodeEntry]: ...
 
@@ -270,7 +276,7 @@ def _row_groups_holding(parquet: Any, column: int, value: int) -> list[int]:
 class StoreSource:
     """A job store: every attempt in the catalog (committed, exported, discarded, quarantined, in progress)."""
 
-    files: PinnedTree | None = None
+    files: PinnedTree | None = None  # a store serves no files, only remuxed streams
     CACHE = 16  # remuxed camera streams kept in memory
 
     def __init__(self, path: Path) -> None:
@@ -312,9 +318,9 @@ class StoreSource:
     def entries(self) -> list[EpisodeEntry]:
         return list(self._entries)
 
-    def _read(self, episode_id: str) -> Any:
+    def _read(self, episode_id: str) -> StagedEpisode:
         row = self._rows[episode_id]
-        return self._staging.read_episode(episode_id, row.frames, row.video_bytes)
+        return self._staging.read_episode(episode_id, int(row.frames or 0), row.video_bytes)
 
     def episode(self, key: str) -> EpisodeView:
         row = self._rows[key]  # KeyError for anything not in the snapshot
@@ -326,7 +332,7 @@ class StoreSource:
         curves = [Curve("action", _finite_rows(staged.action))]
         curves += [Curve(name, _finite_rows(values)) for name, values in staged.state.items()]
         curves.append(Curve("next.reward", _finite_rows(staged.reward)))
-        duration = row.frames / self.fps
+        duration = entry.length / self.fps
         videos = tuple(VideoRef(camera, f"media/{key}/{camera}.mp4", 0.0, duration) for camera in self.cameras)
         return EpisodeView(entry, record, tuple(sorted(curves, key=lambda c: _curve_order(c.name))), videos)
 

@@ -83,10 +83,10 @@ def _build(source: ViewerSource, build: Path, progress: Callable[[int, int], Non
             if parts[0] == "files" and source.files is not None:
                 written[video.url] = _copy_pinned(source, parts[1:], build / video.url)
             elif parts[0] == "media":
-                data = source.media(parts[1:])
-                if data is None:
+                stream = source.media(parts[1:])
+                if stream is None:
                     raise ViewerError(f"episode {key}: no stream for {video.camera}")
-                put(video.url, data)
+                put(video.url, stream)
     return written
 
 

@@ -167,7 +167,7 @@
       video.addEventListener("seeked", () => { if (!state.playing) updateUi(); });
       video.addEventListener("error", () => {
         $("notice").hidden = false;
-        $("notice").append(el("div", { textContent: `camera ${v.camera}: the browser cannot play ${v.url} (${video.error && video.error.message || "error"})` }));
+        $("notice").append(el("div", { textContent: `camera ${v.camera}: the browser cannot play ${v.url} (${video.error && video.error.message || "error"}); Chromium plays AV1 and h264, not HEVC` }));
       });
       return { ...v, video };
     });
@@ -293,8 +293,8 @@
       el("td", {}, [el("span", { className: "swatch", style: { background: colorOf(s.name) } }), s.name]),
       el("td", { textContent: fmt(s.instruction) }),
       el("td", { textContent: fmt(s.target) }),
-      el("td", { textContent: `[${s.start}, ${s.end}) · ${s.end - s.start}` }),
-      el("td", { textContent: `${(s.start / state.fps).toFixed(2)}–${(s.end / state.fps).toFixed(2)}` }),
+      el("td", {}, [`[${s.start}, ${s.end}) · ${s.end - s.start}`, el("br"),
+        el("small", { textContent: `${(s.start / state.fps).toFixed(2)}–${(s.end / state.fps).toFixed(2)} s` })]),
       el("td", { textContent: s.success ? "ok" : `failed${s.failure_reason ? ": " + s.failure_reason : ""}`, className: s.success ? "" : "fail" }),
       el("td", { className: "meta", title: JSON.stringify(s.metadata || {}, null, 1) }, [el("code", { textContent: metadataText(s.metadata) })]),
     ]));
