@@ -225,7 +225,7 @@ def toy_store(tmp_path_factory):
     return store, rows
 
 
-def test_served_store_shows_discarded_attempts_and_plays_h264(toy_store, browser):
+def test_served_store_shows_discarded_attempts_and_plays_h264(toy_store, browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
@@ -258,6 +258,42 @@ def test_served_store_shows_discarded_attempts_and_plays_h264(toy_store, browser
         browser.find_element(By.TAG_NAME, "body").send_keys(Keys.SPACE)
         moved = wait(browser, lambda d: (s := js(d, VIDEO_STATE))["current"] == "1" and s, timeout=15)
         assert not moved["paused"]
+
+    # The static folder of a store: remuxed streams written as files, played from disk.
+    site = tmp_path / "store-site"
+    result = run_cli("view", str(store), "--html", str(site))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (site / "media").iterdir()) == sorted(r.episode_id for r in rows
+                                                                         if r.state == "committed")
+    browser.get((site / "index.html").as_uri() + "#episode=" + committed.episode_id)
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#timeline .seg")) == 2)
+    wait(browser, settled, message="remuxed h264 from disk")
+    browser.find_elements(By.CSS_SELECTOR, "#timeline .seg")[1].click()
+    state = wait(browser, lambda d: (s := settled(d)) and s["current"] == "1" and s)
+    assert abs(state["t"] - second["start_step"] / fps) <= 0.5 / fps
+
+
+def test_dataset_not_written_by_demoforge_has_no_segments_but_plays(fetch, tmp_path):
+    """A LeRobot dataset without demoforge's sidecar: episodes, videos and curves, no segments, no outcome."""
+    root = tmp_path / "foreign"
+    shutil.copytree(fetch["dataset"].resolve(), root)
+    (root / "meta/demoforge_episodes.jsonl").unlink()
+    (root / "meta/demoforge.json").unlink()
+    source = open_source(root)
+    try:
+        entries = source.entries()
+        assert [(e.dataset_index, e.length, e.outcome, e.segments) for e in entries] == \
+            [(i, r["length"], "unknown", ()) for i, r in enumerate(fetch["records"])]
+        assert source.summary.version is None and "no demoforge sidecar" in source.summary.notes[0]
+        view = source.episode("1")
+        assert view.videos[0].from_s == fetch["episodes"][1]["videos/observation.images.front/from_timestamp"]
+        action = next(c for c in view.curves if c.name == "action")
+        frames = pq.read_table(root / "data/chunk-000/file-000.parquet", columns=["action", "episode_index"])
+        expected = [a for a, e in zip(frames["action"].to_pylist(), frames["episode_index"].to_pylist()) if e == 1]
+        assert len(action.values) == fetch["records"][1]["length"] == len(expected)
+        assert action.values == [[round(v, 6) for v in row] for row in expected]
+    finally:
+        source.close()
 
 
 class TwoCameraPointEnv(toy_tasks.CameraPointEnv):
@@ -328,17 +364,25 @@ def hostile_dataset(fetch, tmp_path):
     return root, secret
 
 
-HOSTILE = [
-    "/files/../secret.txt", "/files/../../secret.txt", "/files/meta/../../secret.txt", "/../secret.txt",
-    "/files/%2e%2e/secret.txt", "/files/%2E%2E/%2e%2e/secret.txt", "/files/.%2e/secret.txt",
-    "/files/..%2fsecret.txt", "/files/..%2F..%2Fsecret.txt", "/files/meta%2f..%2f..%2fsecret.txt",
-    "/files/%252e%252e/%252e%252e/secret.txt", "/files/..\\..\\secret.txt", "/files/..%5c..%5csecret.txt",
-    "/files//etc/passwd", "/files/%2fetc%2fpasswd", "/files/meta/info.json%00.mp4", "/files/./meta/info.json",
-    "/files/meta/leak.txt", "/files/meta/abs_leak.txt", "/files/videos/outside/secret.txt",
-    "/static/../../secret.txt", "/static/..%2f..%2fsecret.txt", "/data/episode-..%2f..%2fsecret.js",
-    "/data/episode-../../secret.js", "/media/../secret.txt", "/media/x/../../secret.txt", "/secret.txt",
-    "/files/meta/late.txt", "/files/%C0%AE%C0%AE/secret.txt", "http://127.0.0.1/../secret.txt",
-]
+REFUSED, MISSING = 403, 404
+HOSTILE = {
+    # traversal, plain and encoded
+    "/files/../secret.txt": REFUSED, "/files/../../secret.txt": REFUSED, "/files/meta/../../secret.txt": REFUSED,
+    "/../secret.txt": REFUSED, "/files/%2e%2e/secret.txt": REFUSED, "/files/%2E%2E/%2e%2e/secret.txt": REFUSED,
+    "/files/.%2e/secret.txt": REFUSED, "/files/./meta/info.json": REFUSED, "/files/%C0%AE%C0%AE/secret.txt": REFUSED,
+    "/static/../../secret.txt": REFUSED, "/data/episode-../../secret.js": REFUSED, "/media/../secret.txt": REFUSED,
+    "/media/x/../../secret.txt": REFUSED,
+    # encoded slashes and backslashes, NUL, absolute paths
+    "/files/..%2fsecret.txt": REFUSED, "/files/..%2F..%2Fsecret.txt": REFUSED,
+    "/files/meta%2f..%2f..%2fsecret.txt": REFUSED, "/static/..%2f..%2fsecret.txt": REFUSED,
+    "/data/episode-..%2f..%2fsecret.js": REFUSED, "/files/..\\..\\secret.txt": REFUSED,
+    "/files/..%5c..%5csecret.txt": REFUSED, "/files/meta/info.json%00.mp4": REFUSED, "/files//etc/passwd": REFUSED,
+    "/files/%2fetc%2fpasswd": REFUSED, "http://127.0.0.1/../secret.txt": REFUSED,
+    # symlinks planted inside the dataset, pointing out (relative, absolute, a linked folder)
+    "/files/meta/leak.txt": REFUSED, "/files/meta/abs_leak.txt": REFUSED, "/files/videos/outside/secret.txt": REFUSED,
+    # names that are simply not files of the opened version
+    "/files/%252e%252e/%252e%252e/secret.txt": MISSING, "/secret.txt": MISSING, "/files/meta/late.txt": MISSING,
+}
 
 
 def request(port: int, path: str, method: str = "GET", headers: dict | None = None):
@@ -369,10 +413,11 @@ def test_hostile_requests_are_refused_and_nothing_outside_is_read(hostile_datase
     try:
         (root / "meta" / "late.txt").write_text("planted after start")  # not pinned: never served
         recording.set()
-        for path in HOSTILE:
+        for path, expected in HOSTILE.items():
             status, _headers, body = request(server.port, path)
-            assert status in (403, 404), (path, status)
+            assert status == expected, (path, status)
             assert b"SECRET" not in body and b"planted" not in body, path
+        assert request(server.port, "/files/meta/info.json")[2] == (root / "meta/info.json").read_bytes()
         status, _headers, _body = request(server.port, "/files/meta/info.json", headers={"Host": "evil.example:80"})
         assert status == 403  # DNS rebinding: a loopback server answers loopback names only
         for method in ("POST", "PUT", "DELETE"):

@@ -13,6 +13,8 @@ from demoforge.storage.viewer.static_site import write_site
 
 
 def run_view(path: Path, *, host: str, port: int, html: Path | None) -> int:
+    if not 0 <= port <= 65535:
+        raise ViewerError(f"--port {port} is not a port number (0 to 65535; 0 picks a free one)")
     source = open_source(path)
     try:
         summary = source.summary

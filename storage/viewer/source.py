@@ -56,7 +56,7 @@ class EpisodeEntry:
     attempt: int | None
     seed: int | None
     length: int
-    outcome: str  # "success", a terminal reason ("failure", "error", ...), "quarantined", "in progress"
+    outcome: str  # "success", a terminal reason ("failure", "error", ...), "quarantined", "in progress", "unknown"
     state: str  # "exported" for datasets; the catalog state for stores
     segments: tuple[str, ...]
     playable: bool  # has frames to show (discarded attempts' frames are deleted at discard)
@@ -200,8 +200,10 @@ class DatasetSource:
 
     def _entry(self, index: int) -> EpisodeEntry:
         row, record = self._episodes[index], self._records.get(index, {})
-        success = record.get("success")
-        outcome = "success" if success or not record else str(record.get("terminal_reason") or "failure")
+        if not record:  # a LeRobot dataset demoforge did not write: no outcome recorded
+            outcome = "unknown"
+        else:
+            outcome = "success" if record.get("success") else str(record.get("terminal_reason") or "failure")
         return EpisodeEntry(key=str(index), dataset_index=index, episode_index=record.get("episode_index"),
                             attempt=record.get("attempt"), seed=record.get("seed"), length=int(row["length"]),
                             outcome=outcome, state="exported",
