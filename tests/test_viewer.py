@@ -169,7 +169,11 @@ def check_dataset_page(driver, url: str, fetch: dict) -> None:
     assert abs(state["t"] - (offset + fifth["start_step"] / fps)) <= 0.5 / fps
     body.send_keys(Keys.ARROW_RIGHT)  # one frame on
     state = wait(driver, lambda d: (s := settled(d)) and abs(s["t"] - state["t"] - 1 / fps) < 0.5 / fps and s)
-    body.send_keys("[")  # back to the segment before
+    body.send_keys("[")  # back to this segment's start ...
+    state = wait(driver, lambda d: (s := settled(d)) and abs(s["t"] - (offset + fifth["start_step"] / fps)) < 0.5 / fps
+                 and s)
+    assert state["current"] == "4"
+    body.send_keys("[")  # ... and from there to the segment before
     state = wait(driver, lambda d: (s := settled(d)) and s["current"] == "3" and s)
     assert abs(state["t"] - (offset + record["segments"][3]["start_step"] / fps)) <= 0.5 / fps
 

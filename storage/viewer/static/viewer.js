@@ -390,7 +390,10 @@
     else if (ev.key === "ArrowRight") seekFrame(state.frame + 1);
     else if (ev.key === "ArrowLeft") seekFrame(state.frame - 1);
     else if (ev.key === "]" && current + 1 < state.segments.length) seekFrame(state.segments[current + 1].start);
-    else if (ev.key === "[" && state.segments.length) seekFrame(state.segments[Math.max(current - 1, 0)].start);
+    else if (ev.key === "[" && state.segments.length) { // like "previous chapter": this segment's start, then the one before
+      const here = current >= 0 && state.frame > state.segments[current].start;
+      seekFrame(state.segments[here ? current : Math.max(current - 1, 0)].start);
+    }
     else return;
     ev.preventDefault();
   });
