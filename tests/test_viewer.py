@@ -23,6 +23,7 @@ import pytest
 
 import toy_tasks
 from demoforge.pipeline.contract import RecordedObservation
+from demoforge.pipeline.executor import derive_seed
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.tasks.registry import CameraSpec, TaskEntry, register
 from demoforge.pipeline.runner import run_job
@@ -275,6 +276,45 @@ def test_served_store_shows_discarded_attempts_and_plays_h264(toy_store, browser
     browser.find_elements(By.CSS_SELECTOR, "#timeline .seg")[1].click()
     state = wait(browser, lambda d: (s := settled(d)) and s["current"] == "1" and s)
     assert abs(state["t"] - second["start_step"] / fps) <= 0.5 / fps
+
+
+class ExplodingPointEnv(toy_tasks.CameraPointEnv):
+    """toy-point whose env raises on the fifth step of episode 0's first attempt (the retry commits)."""
+
+    def step(self, action):
+        if self._seed == derive_seed(0, 0, 0) and self.t == 4:
+            raise RuntimeError("gripper servo 3 overheated at step 5")
+        return super().step(action)
+
+
+register(TaskEntry(name="toy-exploding", defaults=toy_tasks.DEFAULTS,
+                   describe=lambda o: dataclasses.replace(toy_tasks._info(o), name="toy-exploding"),
+                   make_env=lambda o: ExplodingPointEnv(dict(o))))
+
+
+def test_store_shows_the_error_text_of_a_failed_attempt(tmp_path, browser):
+    from selenium.webdriver.common.by import By
+
+    store = tmp_path / "store"
+    run_job(JobSpec(task="toy-exploding", episodes=1, task_options={"steps": 12, "size": 32},
+                    video=VideoSettings(codec="h264")), store)
+    source = open_source(store)
+    server = ViewerServer(source, "127.0.0.1", 0).start()
+    try:
+        entry, retry = source.entries()
+        assert entry.state == "discarded" and entry.outcome == "error" and not entry.playable
+        assert retry.state == "committed" and retry.playable
+        browser.get(f"{server.url}#episode={entry.key}")
+        text = wait(browser, lambda d: d.find_element(By.ID, "error-text").text or False)
+        record = source.episode(entry.key).record
+        assert text == f"{record['error_type']}: {record['error']}" and "RuntimeError: gripper servo 3 overheated" in text
+        assert browser.find_element(By.ID, "error-box").is_displayed()
+        assert f"discarded because: {entry.reason}" in browser.find_element(By.ID, "notice").text
+        assert "gripper servo 3 overheated" in entry.reason
+        assert [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#episodes tbody td")][3] == "error"
+    finally:
+        server.close()
+        source.close()
 
 
 def test_dataset_not_written_by_demoforge_has_no_segments_but_plays(fetch, tmp_path):
