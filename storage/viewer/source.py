@@ -146,9 +146,15 @@ class DatasetSource:
 
     def __init__(self, path: Path) -> None:
         version_dir = Path(os.path.realpath(path))  # OUT -> OUT.versions/vNNNNNN, resolved once
-        self.files = PinnedTree(version_dir)
+        try:
+            self.files = PinnedTree(version_dir)
+        except OSError as exc:
+            raise ViewerError(f"cannot read {path}: {exc.strerror or exc}") from None
         try:
             self._load(path, version_dir)
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:  # pyarrow's errors are ValueErrors
+            self.files.close()
+            raise ViewerError(f"{path} cannot be read as a LeRobot dataset: {type(exc).__name__}: {exc}") from None
         except BaseException:
             self.files.close()
             raise
@@ -158,14 +164,11 @@ class DatasetSource:
 
         if self.files.get(INFO) is None:
             raise ViewerError(f"{path}: meta/info.json is not a regular file")
-        try:
-            info = json.loads(self.files.read(INFO))
-            self.fps = int(info["fps"])
-            features: Mapping[str, Mapping[str, Any]] = info["features"]
-            self._video_path = str(info.get("video_path") or "")
-            self._data_path = str(info["data_path"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ViewerError(f"{path}: meta/info.json cannot be read ({exc})") from None
+        info = json.loads(self.files.read(INFO))
+        self.fps = int(info["fps"])
+        features: Mapping[str, Mapping[str, Any]] = info["features"]
+        self._video_path = str(info.get("video_path") or "")
+        self._data_path = str(info["data_path"])
         self.video_keys = [k for k, f in features.items() if f.get("dtype") == "video"]
         self.curve_keys = sorted((k for k, f in features.items()
                                   if f.get("dtype") in CURVE_DTYPES and k != "timestamp"), key=_curve_order)
@@ -321,8 +324,14 @@ class StoreSource:
         return list(self._entries)
 
     def _read(self, episode_id: str) -> StagedEpisode:
+        from demoforge.storage.staging import StagingCorruptError
+
         row = self._rows[episode_id]
-        return self._staging.read_episode(episode_id, int(row.frames or 0), row.video_bytes)
+        try:
+            return self._staging.read_episode(episode_id, int(row.frames or 0), row.video_bytes)
+        except StagingCorruptError as exc:
+            raise ViewerError(f"{exc}; `demoforge verify --store {self.summary.location}` checks and quarantines "
+                              "corrupt episodes") from None
 
     def episode(self, key: str) -> EpisodeView:
         row = self._rows[key]  # KeyError for anything not in the snapshot
