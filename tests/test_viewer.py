@@ -129,6 +129,7 @@ def check_dataset_page(driver, url: str, fetch: dict) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
+    driver.get_log("browser")  # start from an empty console
     driver.get(url)
     records, fps = fetch["records"], fetch["fps"]
     wait(driver, lambda d: len(episode_rows(d)) == len(records), message="episode list")
@@ -188,6 +189,8 @@ def check_dataset_page(driver, url: str, fetch: dict) -> None:
     segment_filter.clear()
     driver.find_element(By.CSS_SELECTOR, "#filter-outcome option[value='success']").click()
     wait(driver, lambda d: len(episode_rows(d)) == len(records))
+    # Nothing failed on the way: no script error, no resource refused (a CSP violation would show here).
+    assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
 # ----------------------------------------------------------------------------------------------- tests
