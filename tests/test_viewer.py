@@ -158,13 +158,15 @@ def check_dataset_page(driver, url: str, fetch: dict) -> None:
 
     body = driver.find_element(By.TAG_NAME, "body")
     body.send_keys(Keys.SPACE)  # play: the highlight moves on to the fourth segment by itself
-    moved = wait(driver, lambda d: (s := js(d, VIDEO_STATE))["current"] == "3" and s, timeout=15,
+    moved = wait(driver, lambda d: (s := js(d, VIDEO_STATE))["current"] not in ("2", None) and s, timeout=15,
                  message="highlight did not move while playing")
-    assert not moved["paused"] and moved["t"] >= offset + third["end_step"] / fps - 0.5 / fps
-    assert moved["row"] == "3"
+    assert not moved["paused"] and int(moved["current"]) >= 3 and moved["row"] == moved["current"], moved
+    assert moved["t"] >= offset + third["end_step"] / fps - 0.5 / fps
     body.send_keys(Keys.SPACE)
     wait(driver, lambda d: (s := settled(d)) and s["paused"], message="pause")
 
+    spans[3].click()  # (playback may have run on into the fifth segment before the pause landed)
+    wait(driver, lambda d: (s := settled(d)) and s["current"] == "3")
     body.send_keys("]")  # next segment
     fifth = record["segments"][4]
     state = wait(driver, lambda d: (s := settled(d)) and s["current"] == "4" and s)
@@ -178,6 +180,17 @@ def check_dataset_page(driver, url: str, fetch: dict) -> None:
     body.send_keys("[")  # ... and from there to the segment before
     state = wait(driver, lambda d: (s := settled(d)) and s["current"] == "3" and s)
     assert abs(state["t"] - (offset + record["segments"][3]["start_step"] / fps)) <= 0.5 / fps
+
+    # Playing to the end stops on the episode's last frame, not in the next episode further down the file.
+    length = record["length"]
+    js(driver, "DemoforgeViewer.seekFrame(arguments[0]);", length - 8)
+    wait(driver, lambda d: (s := settled(d)) and abs(s["t"] - (offset + (length - 8) / fps)) < 0.5 / fps)
+    body.send_keys(Keys.SPACE)
+    wait(driver, lambda d: not js(d, VIDEO_STATE)["paused"], message="play near the end")
+    state = wait(driver, lambda d: (s := settled(d)) and s["paused"] and s, timeout=10, message="stop at the end")
+    assert abs(state["t"] - (offset + (length - 1) / fps)) <= 0.5 / fps, \
+        (state, offset, length, js(driver, "const s = DemoforgeViewer.state; return [s.key, s.length, s.frame];"))
+    assert state["current"] == str(len(record["segments"]) - 1)
 
     # Filters: by outcome, by segment name.
     segment_filter = driver.find_element(By.ID, "filter-segment")
@@ -221,7 +234,7 @@ def test_static_folder_opens_from_disk(fetch, browser, tmp_path):
 def toy_store(tmp_path_factory):
     """A toy-point store encoded with h264 in which some attempts fail (discarded with a reason)."""
     store = tmp_path_factory.mktemp("toy") / "store"
-    spec = JobSpec(task="toy-point", episodes=3, task_options={"steps": 24, "size": 32, "fail_every": 2},
+    spec = JobSpec(task="toy-point", episodes=3, task_options={"steps": 40, "size": 32, "fail_every": 2},
                    seed=0, max_attempts=6, video=VideoSettings(codec="h264"))
     run_job(spec, store)
     catalog = Catalog(store)
@@ -543,3 +556,28 @@ def test_cli_errors_warning_and_help(tmp_path, fetch):
     with served(fetch["dataset"], "--host", "0.0.0.0") as server:  # listening beyond loopback is said loudly
         assert server.url.startswith("http://0.0.0.0:")
     assert "warning: serving on 0.0.0.0, not loopback" in server.stderr
+
+
+def test_a_built_wheel_carries_the_page(tmp_path):
+    """The page is package data: a wheel built from the repository serves it once installed, off the repo."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "__pycache__", "build", "*.egg-info", ".pytest_cache", ".hypothesis", "runs", "docs"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
+                            "-q", "-w", str(tmp_path / "wheel")], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "wheel").glob("demoforge-*.whl")
+    target = tmp_path / "installed"
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                                str(wheel)], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr
+    probe = ("import demoforge.storage.viewer.pages as p, sys; assets = p.load_assets(); "
+             "print(p.__file__); print(sorted((k, len(v)) for k, v in assets.items()))")
+    env = {**cli_env(), "PYTHONPATH": str(target)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    where, sizes = out.stdout.splitlines()
+    assert where.startswith(str(target))
+    static = REPO / "storage/viewer/static"
+    assert sizes == str(sorted((p.name, p.stat().st_size) for p in static.iterdir()))

@@ -171,6 +171,9 @@
       });
       return { ...v, video };
     });
+    if (state.videos.length) { // animation frames stop in a hidden tab; the end of the episode must not
+      state.videos[0].video.addEventListener("timeupdate", () => { if (state.playing && atEnd()) stopAtEnd(); });
+    }
     $("videos").replaceChildren(...state.videos.map((v) => el("figure", {}, [v.video, el("figcaption", { textContent: v.camera })])));
   }
 
@@ -220,14 +223,16 @@
     updateUi();
   }
 
+  const atEnd = () => episodeTime() >= duration() - 0.5 / state.fps;
+  function stopAtEnd() { // the file may hold the next episode: stop on this one's last frame
+    pause();
+    seekFrame(state.length - 1);
+  }
+
   function tick() {
     if (!state.playing) return;
     const t = episodeTime();
-    if (t >= duration() - 0.5 / state.fps) { // the file holds the next episode: stop on this one's last frame
-      pause();
-      seekFrame(state.length - 1);
-      return;
-    }
+    if (atEnd()) return stopAtEnd();
     state.frame = frameAt(t);
     for (const v of state.videos.slice(1)) { // keep the other cameras on the first one's clock
       if (Math.abs(v.video.currentTime - v.from_s - t) > 1.5 / state.fps) v.video.currentTime = v.from_s + t;
