@@ -228,6 +228,10 @@ def test_static_folder_opens_from_disk(fetch, browser, tmp_path):
     (foreign / "notes.txt").write_text("mine")
     refused = run_cli("view", str(fetch["dataset"]), "--html", str(foreign))
     assert refused.returncode == 2 and "refusing" in refused.stderr and (foreign / "notes.txt").exists()
+    for inside in (fetch["dataset"] / "site", fetch["dataset"].resolve() / "site", fetch["dataset"].resolve().parent):
+        refused = run_cli("view", str(fetch["dataset"]), "--html", str(inside))
+        assert refused.returncode == 2 and "inside the dataset" in refused.stderr, refused.stderr
+    assert not (fetch["dataset"] / "site").exists()
 
 
 @pytest.fixture(scope="module")

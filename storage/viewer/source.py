@@ -373,7 +373,8 @@ class StoreSource:
 
 def page_index(source: ViewerSource) -> dict[str, Any]:
     """The page's first payload: what was opened and the episode list."""
-    return {"source": asdict(source.summary), "episodes": [asdict(e) for e in source.entries()]}
+    summary = {k: v for k, v in asdict(source.summary).items() if k != "location"}  # no local paths in pages
+    return {"source": summary, "episodes": [asdict(e) for e in source.entries()]}
 
 
 def each_episode(source: ViewerSource, progress: Callable[[int, int], None] | None = None,

@@ -33,6 +33,12 @@ class SiteReport:
 def write_site(source: ViewerSource, out: Path | str,
                progress: Callable[[int, int], None] | None = None) -> SiteReport:
     out = Path(out)
+    source_dir = Path(source.summary.location).resolve()
+    for inside in (source_dir, source_dir.parent / f"{source_dir.name}.versions",
+                   Path(source.summary.location).parent / f"{Path(source.summary.location).name}.versions"):
+        if out.resolve().is_relative_to(inside.resolve()):
+            raise ViewerError(f"{out} is inside the {source.summary.kind} it shows; the viewer never writes there "
+                              "(choose a folder outside it)")
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ViewerError(f"{out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / SITE_MARKER).is_file():
