@@ -353,8 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("view", help="watch episodes in the browser: videos, segment timeline, curves (read-only)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="example:\n  demoforge view runs/fetch-dataset                  # then open http://127.0.0.1:8765/\n"
-                              "  demoforge view runs/fetch --html runs/fetch-view   # a folder that opens from disk")
+                       epilog="example:\n"
+                              "  demoforge view runs/fetch-dataset                # then open http://127.0.0.1:8765/\n"
+                              "  demoforge view runs/fetch --html runs/fetch-view # a folder that opens from disk")
     p.add_argument("path", type=Path, metavar="STORE_OR_DATASET",
                    help="a store (generate --store) or an exported dataset (export --out); a dataset is pinned to "
                         "the version published when the viewer starts")

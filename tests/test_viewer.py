@@ -327,7 +327,8 @@ def test_store_shows_the_error_text_of_a_failed_attempt(tmp_path, browser):
         browser.get(f"{server.url}#episode={entry.key}")
         text = wait(browser, lambda d: d.find_element(By.ID, "error-text").text or False)
         record = source.episode(entry.key).record
-        assert text == f"{record['error_type']}: {record['error']}" and "RuntimeError: gripper servo 3 overheated" in text
+        assert text == f"{record['error_type']}: {record['error']}"
+        assert "RuntimeError: gripper servo 3 overheated" in text
         assert browser.find_element(By.ID, "error-box").is_displayed()
         assert f"discarded because: {entry.reason}" in browser.find_element(By.ID, "notice").text
         assert "gripper servo 3 overheated" in entry.reason
