@@ -267,6 +267,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    from demoforge.storage.viewer.command import run_view
+
+    return run_view(args.path, host=args.host, port=args.port, html=args.html)
+
+
 # -------------------------------------------------------------------------------------------- daemon
 def cmd_daemon(args: argparse.Namespace) -> int:
     import anyio
@@ -333,6 +339,7 @@ EXAMPLES = {
     "status": "demoforge status --store runs/fetch",
     "daemon": "demoforge daemon --config docs/daemon.example.toml",
     "verify": "demoforge verify --store runs/fetch --no-quarantine",
+    "view": "demoforge view runs/fetch-dataset --port 8765",
 }
 
 
@@ -420,6 +427,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draw segment timelines and a contact sheet of frames at segment boundaries")
     p.set_defaults(fn=cmd_inspect)
 
+    p = sub.add_parser("view", help="watch episodes in the browser: videos, segment timeline, curves (read-only)",
+                       description="Serve a local page (loopback by default) for a store or dataset, or write it as "
+                                   "a folder that opens from disk (--html). Then open http://127.0.0.1:8765/.")
+    p.add_argument("path", type=Path, metavar="STORE_OR_DATASET",
+                   help="a store (generate --store) or an exported dataset (export --out); a dataset is pinned to "
+                        "the version published when the viewer starts")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (127.0.0.1: this machine only; another address prints a warning)")
+    p.add_argument("--port", type=int, default=8765, help="port to listen on (0 picks a free one)")
+    p.add_argument("--html", type=Path, default=None, metavar="OUT_DIR",
+                   help="write the page as a static folder that opens from disk instead of serving it "
+                        "(None: serve)")
+    p.set_defaults(fn=cmd_view)
+
     p = sub.add_parser("status", help="counts by state and outcome of a store (safe while a job runs)")
     p.add_argument("--store", type=Path, required=True, help="the store folder. Required")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -452,12 +473,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from demoforge.storage.catalog import JobMismatchError
     from demoforge.storage.errors import StoreError
     from demoforge.storage.lerobot_export import ExportError
+    from demoforge.storage.viewer.files import ViewerError
 
     args = build_parser().parse_args(argv)
     limit_malloc_arenas()
     make_uninitialized_reads_deterministic()
     known = (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
-             ExportError, DaemonConfigError)
+             ExportError, DaemonConfigError, ViewerError)
     try:
         try:
             return args.fn(args)
