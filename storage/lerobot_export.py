@@ -358,7 +358,8 @@ class _VersionWriter:
                               "_stats": _episode_stats(ep, data_rows[-1], self.features, self.cameras)})
             sidecar.append({**record, "schema_version": SCHEMA_VERSION, "dataset_episode_index": index,
                             "staging_episode_id": row.episode_id, "staging_episode_index": row.episode_index,
-                            "length": row.frames, "content_hash": row.content_hash})
+                            "length": row.frames, "content_hash": row.content_hash,
+                            "task_options": dict(self.fp["task_options"]), "job_seed": self.fp["seed"]})
             frame += row.frames
             if progress is not None:
                 progress(offset + 1, len(episodes))
