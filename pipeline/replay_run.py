@@ -22,8 +22,6 @@ from demoforge.pipeline.replay import (
     EnvCache,
     EpisodeVerdict,
     ReplaySettings,
-    default_tolerance,
-    psnr_threshold,
     replay_episode,
 )
 from demoforge.storage.episode_source import EpisodeRef, EpisodeSource, EpisodeSourceError, open_episode_source
@@ -181,9 +179,8 @@ def run_replay(path: Path | str, *, episodes: str | None = None, sample: int | N
         chosen = select_episodes(available, episodes, sample)
         _check_tasks(source, chosen)
         task = source.schema.task
-        tolerance = settings.tolerance or default_tolerance(task)
-        threshold = settings.min_psnr_db if settings.min_psnr_db is not None else \
-            psnr_threshold(str(source.schema.video.get("codec")))
+        tolerance = settings.tolerance(task)
+        threshold = settings.psnr_threshold(str(source.schema.video.get("codec")))
         described = {"atol": tolerance.atol, "rtol": tolerance.rtol, "images": settings.images,
                      "min_psnr_db": threshold if settings.images else None,
                      "codec": source.schema.video.get("codec"), "workers": workers,
@@ -242,3 +239,59 @@ def _run_pool(path: str, refs: Sequence[EpisodeRef], settings: ReplaySettings, w
                 if progress is not None:
                     progress(len(out), len(refs), verdict)
     return out
+
+
+# ----------------------------------------------------------------------------------------------- text
+def _where(verdict: EpisodeVerdict) -> str:
+    d = verdict.divergence
+    if d is None:
+        return "-"
+    segment = f"{d.segment} step {d.segment_step}" if d.segment is not None else "?"
+    return f"frame {d.frame} ({segment}), {d.kind}: {d.feature}"
+
+
+def _error_text(verdict: EpisodeVerdict) -> str:
+    d = verdict.divergence
+    if d is None or d.error is None:
+        return "-"
+    return f"{d.error:.1f} dB" if d.kind == "image" else f"{d.error:.3g}"
+
+
+def print_report(report: ReplayReport, console: Any) -> None:
+    """The summary table, one line per problem and the version note (a few lines, no traceback)."""
+    from rich.table import Table
+
+    table = Table(title=f"replay of {report.source} ({report.kind}, task {report.task})")
+    for col in ("episode", "seed", "frames", "verdict", "first divergence", "error", "max |diff| (all frames)"):
+        table.add_column(col, overflow="fold")
+    style = {REPRODUCED: "green", DIVERGED: "red", ERROR: "yellow"}
+    for v in report.episodes:
+        worst = max(v.max_errors.values(), default=None)
+        table.add_row(str(v.number), str(v.seed), str(v.frames), f"[{style[v.verdict]}]{v.verdict}[/]", _where(v),
+                      _error_text(v), "-" if worst is None else f"{worst:.3g}")
+    if report.episodes:
+        console.print(table)
+    for v in report.episodes:
+        if v.verdict == DIVERGED and v.divergence is not None:
+            d = v.divergence
+            console.print(f"[red]DIVERGED[/] {v.label}: frame {d.frame} (segment {d.segment!r}, step {d.segment_step} "
+                          f"of it): {d.detail}; {v.mismatched_frames} of {v.frames} frames differ", markup=True,
+                          highlight=False)
+        elif v.verdict == ERROR:
+            console.print(f"[yellow]CANNOT REPLAY[/] {v.error}", highlight=False)
+    s = report.settings
+    counts = report.counts()
+    images = f"; images: PSNR >= {s['min_psnr_db']:g} dB ({s['codec']})" if s["images"] else ""
+    console.print(f"replayed {len(report.episodes)} of {report.available} episode(s) in {report.elapsed_s:.1f} s: "
+                  f"{counts[REPRODUCED]} reproduced, {counts[DIVERGED]} diverged, {counts[ERROR]} could not be "
+                  f"replayed (atol {s['atol']:g}, rtol {s['rtol']:g}{images})", highlight=False)
+    for note in report.notes:
+        console.print(note, highlight=False)
+    differences = report.version_differences()
+    if differences:
+        console.print("recorded with other library versions than this process runs: " + "; ".join(differences)
+                      + " (floating-point results may legitimately differ; see docs/reliability.md)", highlight=False)
+    missing = report.unrecorded_versions()
+    if missing:
+        console.print(f"{missing} episode(s) do not record the library versions they were generated with",
+                      highlight=False)
