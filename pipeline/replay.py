@@ -149,7 +149,7 @@ class _Miss:
     detail: str
 
 
-def _compare(name: str, recorded: np.ndarray, replayed: np.ndarray, tol: Tolerance,
+def _compare(name: str, recorded: Any, replayed: Any, tol: Tolerance,
              max_errors: dict[str, float]) -> _Miss | None:
     """Compare one feature as stored (float32); keep the episode's largest error per feature."""
     a = np.asarray(replayed, dtype=np.float32)
@@ -198,16 +198,15 @@ class _Plan:
         self.next_segment()
 
     def next_segment(self) -> None:
-        segment = self._guard("planning the next segment", lambda: next(self.segments, None))
+        segments = self.segments
+        segment = None if segments is None else self._guard("planning the next segment", lambda: next(segments, None))
         self.segment = segment
         self.actions = iter(segment.actions) if segment is not None else None
         self.next_action()
 
     def next_action(self) -> None:
-        if self.actions is None:
-            self.planned = None
-            return
-        raw = self._guard("the segment's action generator", lambda: next(self.actions, None))
+        actions = self.actions
+        raw = None if actions is None else self._guard("the segment's action generator", lambda: next(actions, None))
         self.planned = None if raw is None else np.asarray(raw, dtype=np.float32)
 
     def validate(self, view: Any) -> None:
@@ -277,6 +276,7 @@ class EpisodeReplay:
     def _check_images(self, frame: int, images: Mapping[str, np.ndarray]) -> None:
         for camera, image in sorted(images.items()):
             if camera not in self.videos:
+                assert self.camera_frames is not None
                 self.videos[camera] = self.camera_frames(camera)
             video = self.videos[camera]
             if frame >= len(video):
@@ -472,43 +472,45 @@ class ReplaySettings:
         return psnr_threshold(codec) if self.min_psnr_db is None else self.min_psnr_db
 
 
+def _cannot_replay(ref: EpisodeRef, message: str, started: float, versions: Mapping[str, str] | None = None,
+                   differences: tuple[str, ...] = ()) -> EpisodeVerdict:
+    return EpisodeVerdict(number=ref.number, label=ref.label, seed=ref.seed, attempt=ref.attempt, frames=ref.frames,
+                          verdict=ERROR, versions=versions, version_differences=differences, error=message,
+                          seconds=time.perf_counter() - started)
+
+
 def replay_episode(source: EpisodeSource, ref: EpisodeRef, settings: ReplaySettings, envs: EnvCache) -> EpisodeVerdict:
     """Read, replay and judge one episode; never raises for a problem of the episode or its env."""
     from demoforge.storage.episode_source import EpisodeReadError
 
     started = time.perf_counter()
-    base = dict(number=ref.number, label=ref.label, seed=ref.seed, attempt=ref.attempt, frames=ref.frames)
     try:
         episode = source.load(ref)
     except EpisodeReadError as exc:
-        return EpisodeVerdict(**base, verdict=ERROR, error=f"cannot read {ref.label}: {exc}",
-                              seconds=time.perf_counter() - started)
+        return _cannot_replay(ref, f"cannot read {ref.label}: {exc}", started)
     versions = episode.versions
     differences = tuple(version_differences(versions, library_versions()))
     if episode.task_options is None:
-        return EpisodeVerdict(**base, verdict=ERROR, versions=versions, version_differences=differences,
-                              error=f"{ref.label}: the input does not record the task options it was generated "
-                                    "with (exported by an older demoforge); replay its store or re-export it",
-                              seconds=time.perf_counter() - started)
+        return _cannot_replay(ref, f"{ref.label}: the input does not record the task options it was generated with "
+                                   "(exported by an older demoforge); replay its store or re-export it",
+                              started, versions, differences)
     try:
         env = envs.get(ref.task, episode.task_options)
     except Exception as exc:
-        return EpisodeVerdict(**base, verdict=ERROR, versions=versions, version_differences=differences,
-                              error=f"{ref.label}: cannot build task {ref.task!r} with options "
-                                    f"{dict(episode.task_options)}: {type(exc).__name__}: {exc}",
-                              seconds=time.perf_counter() - started)
-    tolerance = settings.tolerance(ref.task)
-    threshold = settings.psnr_threshold(str(source.schema.video.get("codec")))
+        return _cannot_replay(ref, f"{ref.label}: cannot build task {ref.task!r} with options "
+                                   f"{dict(episode.task_options)}: {type(exc).__name__}: {exc}",
+                              started, versions, differences)
     frames = (lambda camera: source.camera_frames(episode, camera)) if settings.images else None
-    replay = EpisodeReplay(env, episode, tolerance=tolerance, camera_frames=frames, min_psnr_db=threshold)
+    replay = EpisodeReplay(env, episode, tolerance=settings.tolerance(ref.task), camera_frames=frames,
+                           min_psnr_db=settings.psnr_threshold(str(source.schema.video.get("codec"))))
     try:
         divergence, mismatched, expert = replay.run()
     except Exception as exc:  # reset, the recorder, reading the video: the replay could not be carried out
         envs.close()  # a half-stepped env is not reused
-        return EpisodeVerdict(**base, verdict=ERROR, versions=versions, version_differences=differences,
-                              error=f"{ref.label}: replay failed: {type(exc).__name__}: {exc}",
-                              seconds=time.perf_counter() - started)
-    return EpisodeVerdict(**base, verdict=DIVERGED if divergence else REPRODUCED, divergence=divergence,
+        return _cannot_replay(ref, f"{ref.label}: replay failed: {type(exc).__name__}: {exc}", started, versions,
+                              differences)
+    return EpisodeVerdict(number=ref.number, label=ref.label, seed=ref.seed, attempt=ref.attempt, frames=ref.frames,
+                          verdict=DIVERGED if divergence else REPRODUCED, divergence=divergence,
                           mismatched_frames=mismatched, max_errors=dict(replay.max_errors),
                           min_psnr_db=dict(replay.min_psnr), expert=expert, versions=versions,
                           version_differences=differences, seconds=time.perf_counter() - started)

@@ -141,8 +141,9 @@ def _check_tasks(source: EpisodeSource, refs: Sequence[EpisodeRef]) -> None:
             raise ReplayInputError(f"{source.path} was generated with task {task!r}, which is not registered here: "
                                    "if it is a plugin task, name the module that registers it in "
                                    "DEMOFORGE_TASK_MODULES") from None
-        except ImportError as exc:
-            raise ReplayInputError(f"a module named in DEMOFORGE_TASK_MODULES cannot be imported: {exc}") from None
+        except ImportError as exc:  # a plugin module named in DEMOFORGE_TASK_MODULES, or a simulator missing
+            raise ReplayInputError(f"cannot load task {task!r} of {source.path}: {exc} (check DEMOFORGE_TASK_MODULES "
+                                   "and the installed packages)") from None
         if source.kind != "store":
             continue  # a dataset's options are per episode; checked when each is built
         try:

@@ -118,16 +118,17 @@ def decode_video(data: bytes | str | Path, start_s: float | None = None, end_s: 
     """Decode an mp4 (bytes or a file) to RGB frames, optionally only those shown in ``[start_s, end_s)``."""
     source = io.BytesIO(data) if isinstance(data, bytes) else str(data)
     out: list[np.ndarray] = []
-    with av.open(source) as container:
+    with av.open(source, mode="r") as container:
         stream = container.streams.video[0]
+        time_base = float(stream.time_base or 0) or 1.0 / (fps or 1)
         if start_s is None:
             return [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
         assert end_s is not None and fps
         half = 0.5 / fps  # frame times are multiples of 1/fps; compare with half a frame of slack
         if start_s > 0:
-            container.seek(int(max(start_s - 1.0, 0.0) / stream.time_base), stream=stream, backward=True)
+            container.seek(int(max(start_s - 1.0, 0.0) / time_base), stream=stream, backward=True)
         for frame in container.decode(stream):
-            t = float(frame.pts * stream.time_base)
+            t = float(frame.pts or 0) * time_base
             if t < start_s - half:
                 continue
             if t >= end_s - half:

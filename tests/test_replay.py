@@ -208,6 +208,32 @@ def test_a_plugin_task_replays_the_same_way_and_a_missing_plugin_cannot_run(toy_
     code, report, err = replay(toy_store, DEMOFORGE_TASK_MODULES="")
     assert code == 2 and report is None
     assert "task 'toy-point'" in err and "DEMOFORGE_TASK_MODULES" in err
+    code, report, err = replay(toy_store, DEMOFORGE_TASK_MODULES="toy_tasks,no_such_plugin_module")
+    assert code == 2 and "no_such_plugin_module" in err
+
+
+def test_other_library_versions_are_reported(toy_store, tmp_path):
+    store = tmp_path / "store"
+    shutil.copytree(toy_store, store)
+    db = sqlite3.connect(store / "catalog.sqlite")
+    (record,) = db.execute("SELECT record FROM attempts WHERE episode_index = 0").fetchone()
+    older = json.loads(record)
+    older["versions"]["numpy"] = "1.0.0"
+    db.execute("UPDATE attempts SET record = ? WHERE episode_index = 0", (json.dumps(older),))
+    (record,) = db.execute("SELECT record FROM attempts WHERE episode_index = 1").fetchone()
+    db.execute("UPDATE attempts SET record = ? WHERE episode_index = 1",
+               (json.dumps({k: v for k, v in json.loads(record).items() if k != "versions"}),))
+    db.commit()
+    db.close()
+    code, report, err = replay(store)
+    assert code == 0, (err, report)
+    running = library_versions()["numpy"]
+    assert report["versions"]["differences"] == [f"numpy 1.0.0 -> {running}"]
+    assert report["versions"]["episodes_without_recorded_versions"] == 1
+    assert report["episodes"][0]["version_differences"] == [f"numpy 1.0.0 -> {running}"]
+    human = run_cli("replay", str(store)).stdout.replace("\n", " ")
+    assert f"other library versions than this process runs: numpy 1.0.0 -> {running}" in human
+    assert "1 episode(s) do not record the library versions" in human
 
 
 def test_episode_selection_and_a_deterministic_sample(toy_store):
