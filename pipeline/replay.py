@@ -182,7 +182,7 @@ class _Plan:
         self.segment: Any = None
         self.planned: np.ndarray | None = None
         self.broken: str | None = None
-        self.first_action_difference: tuple[int, float] | None = None
+        self.first_difference: str | None = None  # where the expert first disagrees with the recording
 
     def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
         if self.broken:
@@ -215,14 +215,27 @@ class _Plan:
             self._guard("the segment's validator", lambda: as_bool_verdict(validator(view), "validator"))
 
     def note_action(self, frame: int, recorded: np.ndarray) -> None:
-        if self.first_action_difference is not None or self.broken:
-            return
-        if self.planned is None or self.planned.shape != recorded.shape:
-            self.first_action_difference = (frame, math.inf)
-            return
-        diff = float(np.max(np.abs(self.planned.astype(np.float64) - recorded.astype(np.float64)), initial=0.0))
-        if diff > 0:
-            self.first_action_difference = (frame, diff)
+        if self.planned is None:
+            self.note(f"the expert had no action for frame {frame} (its segment ended earlier)")
+        elif self.planned.shape != recorded.shape:
+            self.note(f"the expert's action for frame {frame} has shape {self.planned.shape}")
+        else:
+            diff = float(np.max(np.abs(self.planned.astype(np.float64) - recorded.astype(np.float64)), initial=0.0))
+            if diff > 0:
+                self.note(f"the expert computes another action at frame {frame} (max |diff| {diff:.3g})")
+
+    def note_segment(self, frame: int, ended: bool, name: str | None) -> None:
+        """At a recorded segment boundary before ``frame``: the expert's segment should end there too, and the
+        one it plans next should have the recorded name."""
+        if ended and self.planned is not None:
+            self.note(f"the expert's segment goes on past frame {frame - 1}, where the recorded one ends")
+        elif name is not None and getattr(self.segment, "name", None) != name:
+            self.note(f"the expert plans segment {getattr(self.segment, 'name', None)!r} at frame {frame}, "
+                      f"recorded {name!r}")
+
+    def note(self, message: str) -> None:
+        if self.first_difference is None and not self.broken:
+            self.first_difference = message
 
 
 def _default_record(observation: Any) -> Any:
@@ -324,6 +337,7 @@ class EpisodeReplay:
             instruction()
         self._observe(0, recorder, observation)
         plan.start()
+        plan.note_segment(0, False, self._segment_name(0))
         ended_early: tuple[int, str] | None = None
         success_miss: _Miss | None = None
         segment_col, end_col = COL["segment_id"], COL["segment_end"]
@@ -342,14 +356,23 @@ class EpisodeReplay:
                 break
             view = StepView(observation, float(reward), bool(terminated), bool(truncated), info)
             if last:
+                if not terminated:  # as the executor: the plan runs out, the last validator runs, then success
+                    plan.next_action()
+                    plan.note_segment(self.n, True, None)
+                    plan.validate(view)
+                    plan.next_segment()
+                    if plan.segment is not None:
+                        plan.note(f"the expert plans another segment ({plan.segment.name!r}) after the last frame")
                 success_miss = self._check_success(success_fn, view)
                 break
             # Mirror the executor: advance the plan, then record the observation of the next frame.
             if self.ep.annotations[t, end_col] and self.ep.annotations[t + 1, segment_col] != \
                     self.ep.annotations[t, segment_col]:
                 plan.next_action()  # the recorded segment ended: its generator should be exhausted
+                plan.note_segment(t + 1, True, None)
                 plan.validate(view)
                 plan.next_segment()
+                plan.note_segment(t + 1, False, self._segment_name(t + 1))
             else:
                 plan.next_action()
             self._observe(t + 1, recorder, observation)
@@ -418,15 +441,17 @@ class EpisodeReplay:
                           index=miss.index, error=miss.error, recorded=miss.recorded, replayed=miss.replayed,
                           detail=miss.detail)
 
+    def _segment_name(self, frame: int) -> str | None:
+        names = {int(s["segment_id"]): str(s["name"]) for s in self.ep.record.get("segments", [])}
+        return names.get(int(self.ep.annotations[frame, COL["segment_id"]]))
+
     def _expert_note(self, plan: _Plan) -> str:
         if plan.broken:
             return f"the task's plan stopped: {plan.broken}"
-        if plan.first_action_difference is None:
-            return "the task's expert, replayed, computes the recorded action at every frame"
-        frame, diff = plan.first_action_difference
-        if math.isinf(diff):
-            return f"the task's expert had no action for frame {frame} (its plan ended or changed shape)"
-        return f"the task's expert, replayed, computes another action at frame {frame} (max |diff| {diff:.3g})"
+        if plan.first_difference is None:
+            return "the task's expert, replayed, plans the recorded segments and computes the recorded action at " \
+                   "every frame"
+        return plan.first_difference
 
 
 # ------------------------------------------------------------------------------------------ one episode

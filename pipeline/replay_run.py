@@ -219,7 +219,8 @@ def _run_pool(path: str, refs: Sequence[EpisodeRef], settings: ReplaySettings, w
     """Episodes in ``workers`` spawned processes (MuJoCo's GL contexts and threads do not survive a fork)."""
     out: list[EpisodeVerdict] = []
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(refs)), mp_context=context) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(refs)), mp_context=context)
+    try:
         pending: dict[Future[EpisodeVerdict], EpisodeRef] = {
             pool.submit(_worker_replay, path, ref, settings): ref for ref in refs}
         while pending:
@@ -239,6 +240,10 @@ def _run_pool(path: str, refs: Sequence[EpisodeRef], settings: ReplaySettings, w
                 out.append(verdict)
                 if progress is not None:
                     progress(len(out), len(refs), verdict)
+    except BaseException:  # Ctrl-C or an error here: drop the queued episodes rather than wait for them
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     return out
 
 
