@@ -288,7 +288,7 @@ def print_report(report: ReplayReport, console: Any) -> None:
     s = report.settings
     counts = report.counts()
     images = f"; images: PSNR >= {s['min_psnr_db']:g} dB ({s['codec']})" if s["images"] else ""
-    console.print(f"replayed {len(report.episodes)} of {report.available} episode(s) in {report.elapsed_s:.1f} s: "
+    console.print(f"{len(report.episodes)} of {report.available} episode(s) selected, {report.elapsed_s:.1f} s: "
                   f"{counts[REPRODUCED]} reproduced, {counts[DIVERGED]} diverged, {counts[ERROR]} could not be "
                   f"replayed (atol {s['atol']:g}, rtol {s['rtol']:g}{images})", highlight=False)
     for note in report.notes:
