@@ -1,7 +1,69 @@
 """demoforge: segment-aware, crash-proof robot demonstration generation.
 
-The code lives in the top-level folders of the repository (``pipeline/``, ``stages/``, ``storage/``), which
-are installed as ``demoforge.pipeline``, ``demoforge.stages`` and ``demoforge.storage``.
+The public API is what this module exports (``from demoforge import ...``); docs/api.md shows it in use.
+Everything else is internal and may change. The code lives in the repository's top-level folders
+(``pipeline/``, ``stages/``, ``storage/``), packaged as ``demoforge.pipeline``, ``demoforge.stages`` and
+``demoforge.storage`` through committed symlinks.
+
+Names are imported on first use (PEP 562): ``import demoforge`` stays cheap, and a task author who needs
+only the contract does not pull in the exporter's torch and lerobot.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    # writing a task
+    "Segment": "demoforge.pipeline.contract",
+    "StepView": "demoforge.pipeline.contract",
+    "RecordedObservation": "demoforge.pipeline.contract",
+    "TaskInfo": "demoforge.pipeline.tasks.registry",
+    "CameraSpec": "demoforge.pipeline.tasks.registry",
+    "TaskEntry": "demoforge.pipeline.tasks.registry",
+    "TaskOptionError": "demoforge.pipeline.tasks.registry",
+    "register": "demoforge.pipeline.tasks.registry",
+    "get_task": "demoforge.pipeline.tasks.registry",
+    "run_episodes": "demoforge.pipeline.executor",
+    "EpisodeResult": "demoforge.pipeline.contract",
+    "AttemptEnded": "demoforge.pipeline.records",
+    # using the library
+    "generate": "demoforge.api",
+    "export": "demoforge.api",
+    "validate": "demoforge.api",
+    "open_store": "demoforge.api",
+    "open_dataset": "demoforge.api",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time each name is imported on first use
+    from demoforge.api import export, generate, open_dataset, open_store, validate
+    from demoforge.pipeline.contract import EpisodeResult, RecordedObservation, Segment, StepView
+    from demoforge.pipeline.executor import run_episodes
+    from demoforge.pipeline.records import AttemptEnded
+    from demoforge.pipeline.tasks.registry import (
+        CameraSpec,
+        TaskEntry,
+        TaskInfo,
+        TaskOptionError,
+        get_task,
+        register,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'demoforge' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -24,31 +24,67 @@ def _console(stderr: bool = False) -> Console:
 
 
 # --------------------------------------------------------------------------------------------- tasks
-def cmd_tasks(args: argparse.Namespace) -> int:
-    from demoforge.pipeline.tasks.registry import get_task, task_names
+def _task_row(name: str) -> dict[str, Any]:
+    from demoforge.pipeline.tasks.registry import get_task
 
-    rows = []
-    for name in task_names():
-        info = get_task(name).info()
-        rows.append({"name": name, "description": info.description, "fps": info.fps,
-                     "cameras": {c.name: [c.height, c.width, 3] for c in info.cameras},
-                     "action_shape": list(info.action_shape),
-                     "state_shapes": {k: list(v) for k, v in info.state_shapes.items()},
-                     "segments": list(info.segment_names), "options": dict(info.options)})
+    info = get_task(name).info()
+    return {"name": name, "description": info.description, "fps": info.fps,
+            "cameras": {c.name: list(c.shape) for c in info.cameras},
+            "action_shape": list(info.action_shape),
+            "state_shapes": {k: list(v) for k, v in info.state_shapes.items()},
+            "segments": list(info.segment_names), "options": dict(info.options)}
+
+
+def _segment_summary(names: Sequence[str]) -> str:
+    """``15 (reach_0 ... release_2)``: a count that never makes the table wrap; full list with ``tasks NAME``."""
+    unique = list(dict.fromkeys(names))
+    if len(unique) <= 2:
+        return f"{len(unique)} ({' '.join(unique)})"
+    return f"{len(unique)} ({unique[0]} ... {unique[-1]})"
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from demoforge.pipeline.tasks.registry import plugin_failures, task_names
+
+    if args.name:
+        return _print_task(_task_row(args.name), json_out=args.json)
+    rows = [_task_row(name) for name in task_names()]
+    failures = plugin_failures()
     if args.json:
         print(json.dumps(rows, indent=2))
+    else:
+        cells = [(r["name"], str(r["fps"]),
+                  ", ".join(f"{k} {v[0]}x{v[1]}" for k, v in r["cameras"].items()) or "-",
+                  str(tuple(r["action_shape"])), _segment_summary(r["segments"])) for r in rows]
+        table = Table(title="demoforge tasks", title_justify="left", box=None, pad_edge=False)
+        # Every column but the segment summary keeps its full width: a name copied from here must work.
+        for i, col in enumerate(("task", "fps", "cameras", "action")):
+            table.add_column(col, no_wrap=True, min_width=max([len(col)] + [len(c[i]) for c in cells]))
+        table.add_column("segments", overflow="ellipsis", no_wrap=True)
+        for c in cells:
+            table.add_row(*c)
+        Console(highlight=False).print(table)  # wraps at the terminal width (soft wrap would overflow it)
+        _console().print("details and options: demoforge tasks NAME")
+    for failure in failures:
+        _console(stderr=True).print(f"demoforge tasks: warning: {failure}", markup=False)
+    return EXIT_OK
+
+
+def _print_task(row: dict[str, Any], *, json_out: bool) -> int:
+    if json_out:
+        print(json.dumps(row, indent=2))
         return EXIT_OK
-    table = Table(title="demoforge tasks")
-    for col in ("task", "fps", "cameras", "action", "state", "segments", "options"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(r["name"], str(r["fps"]),
-                      ", ".join(f"{k} {v[0]}x{v[1]}" for k, v in r["cameras"].items()) or "-",
-                      str(tuple(r["action_shape"])),
-                      ", ".join(f"{k} {tuple(v)}" for k, v in r["state_shapes"].items()),
-                      ", ".join(dict.fromkeys(r["segments"])),
-                      ", ".join(f"{k}={v}" for k, v in r["options"].items()))
-    _console().print(table)
+    console = _console()
+    console.print(f"[bold]{row['name']}[/bold]: {row['description']}")
+    console.print(f"fps {row['fps']}; action {tuple(row['action_shape'])}")
+    for name, shape in row["cameras"].items():
+        console.print(f"camera {name}: {shape[0]}x{shape[1]} RGB")
+    for name, shape in row["state_shapes"].items():
+        console.print(f"state {name}: {tuple(shape)}", markup=False)
+    segments = list(dict.fromkeys(row["segments"]))
+    console.print(f"segments ({len(segments)}): " + " ".join(segments), markup=False)
+    for key, value in row["options"].items():
+        console.print(f"option {key} = {json.dumps(value)}  (--option {key}=...)", markup=False)
     return EXIT_OK
 
 
@@ -152,15 +188,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------------------------------- status
 def cmd_status(args: argparse.Namespace) -> int:
-    from demoforge.storage.store import open_catalog_readonly
+    from demoforge.storage.reader import open_store_reader
 
-    catalog = open_catalog_readonly(args.store)
-    try:
-        summary = catalog.summary()
-        summary["fingerprint"] = catalog.fingerprint()
+    with open_store_reader(args.store) as store:
+        summary = store.catalog.summary()
+        fingerprint = store.fingerprint
+        summary["fingerprint"] = fingerprint.to_dict() if fingerprint is not None else None
         summary["store"] = str(args.store)
-    finally:
-        catalog.close()
     if args.json:
         print(json.dumps(summary, indent=2))
         return EXIT_OK
@@ -258,19 +292,13 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------------------------------- verify
 def cmd_verify(args: argparse.Namespace) -> int:
-    from demoforge.storage.staging import StagingStore
-    from demoforge.storage.store import StoreError, layout_from_fingerprint, open_catalog_readonly
+    from demoforge.storage.reader import open_store_reader, open_store_updater
     from demoforge.storage.verify import verify_store
 
-    catalog = open_catalog_readonly(args.store)
-    try:
-        fingerprint = catalog.fingerprint()
-        if fingerprint is None:
-            raise StoreError(f"{args.store} has no job fingerprint; nothing was ever generated there")
-        staging = StagingStore(args.store, layout_from_fingerprint(fingerprint))
-        report = verify_store(catalog, staging, quarantine=not args.no_quarantine)
-    finally:
-        catalog.close()
+    quarantine = not args.no_quarantine  # quarantining writes states: only then is the store opened to update
+    with (open_store_updater if quarantine else open_store_reader)(args.store) as store:
+        _fingerprint, staging = store.require_job()
+        report = verify_store(store.catalog, staging, quarantine=quarantine)
     if args.json:
         print(json.dumps({"checked": report.checked, "ok": report.ok, "quarantined": report.quarantined,
                           "problems": [{"episode_id": p.episode_id, "problem": p.problem} for p in report.problems]},
@@ -326,8 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="demoforge", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("tasks", help="list the built-in tasks")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("tasks", help="list the tasks (built-in and plugins), or describe one")
+    p.add_argument("name", nargs="?", default=None, metavar="NAME",
+                   help="describe this task in full: cameras, shapes, every segment, options (default: list all)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table (default: off)")
     p.set_defaults(fn=cmd_tasks)
 
     def job_args(p: argparse.ArgumentParser) -> None:
@@ -426,32 +456,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def limit_malloc_arenas(arenas: int = 2) -> None:
-    """Cap glibc's malloc arenas. Every short-lived encoder thread (SVT-AV1 starts several per episode) can
-    get an arena of its own; their free memory is never returned, so RSS crept up ~100 MB over a few hundred
-    AV1 episodes before plateauing. Measured flat with the cap (see docs/performance.md). No-op off glibc."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-8, arenas)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    from demoforge.pipeline.malloc import limit_malloc_arenas, make_uninitialized_reads_deterministic
     from demoforge.pipeline.daemon_config import DaemonConfigError
     from demoforge.pipeline.job import JobConfigError
     from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError
     from demoforge.storage.catalog import JobMismatchError
+    from demoforge.storage.errors import StoreError
     from demoforge.storage.lerobot_export import ExportError
     from demoforge.pipeline.replay_run import ReplayInputError
-    from demoforge.storage.store import StoreError
 
     args = build_parser().parse_args(argv)
     limit_malloc_arenas()
+    make_uninitialized_reads_deterministic()
     known = (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
              ExportError, DaemonConfigError, ReplayInputError)
     try:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -38,40 +37,23 @@ from demoforge.pipeline.contract import (
     find_task_method,
     iter_segments,
 )
-from demoforge.pipeline.records import AttemptEnded, AttemptKey, AttemptStarted, EpisodeAbandoned, Frame, Record
+from demoforge.pipeline.records import (
+    PENDING,
+    AttemptEnded,
+    AttemptKey,
+    AttemptStarted,
+    EpisodeAbandoned,
+    EpisodeAssignment,
+    Frame,
+    Record,
+    WorkSource,
+)
 
 
 def derive_seed(job_seed: int, episode_index: int, attempt: int) -> int:
     """The env seed of one attempt: a pure function of its identity, so a resumed job replays a clean one."""
     state = np.random.SeedSequence([int(job_seed) & 0xFFFFFFFF, int(episode_index), int(attempt)])
     return int(state.generate_state(1, dtype=np.uint32)[0])
-
-
-@dataclass(frozen=True)
-class EpisodeAssignment:
-    """An episode index to produce, starting at ``first_attempt`` (attempts already spent in earlier runs)."""
-
-    episode_index: int
-    first_attempt: int = 0
-
-
-class _Pending:
-    def __repr__(self) -> str:
-        return "PENDING"
-
-
-#: Returned by a work source asked not to wait when no episode is available yet (but more may come).
-PENDING = _Pending()
-
-
-class WorkSource(Protocol):
-    def next_episode(self, wait: bool = True) -> EpisodeAssignment | None | _Pending:
-        """The next episode to run; None when there will be no more work for this executor.
-
-        With ``wait=False`` it returns :data:`PENDING` instead of blocking: the executor never blocks one
-        vector row's refill while another row still has an episode to finish.
-        """
-        ...
 
 
 class EpisodeRange:
@@ -386,6 +368,65 @@ def _row_info(info: Mapping[str, Any], row: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ executor
+class _RowSlot:
+    """One vector row: the episode it is producing, the attempt in progress and the frames it emitted.
+
+    A slot with no attempt holds still; a slot whose attempt has a result is settled before the next step.
+    """
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.assignment: EpisodeAssignment | None = None
+        self.attempt: _Attempt | None = None
+        self.frames = 0
+
+    @property
+    def active(self) -> bool:
+        return self.attempt is not None
+
+    def start(self, attempt: _Attempt) -> None:
+        self.attempt = attempt
+        self.frames = 0
+
+    def step(self, outcome: tuple[Any, float, bool, bool, dict[str, Any]]) -> Frame | None:
+        """Account this row's step; the frame, or None when the task or observation failed the attempt."""
+        assert self.attempt is not None
+        try:
+            frame = self.attempt.after_step(*outcome)
+        except DemoError as exc:
+            self.attempt.fail(exc)
+            return None
+        self.frames += 1
+        return frame
+
+    def end(self) -> AttemptEnded:
+        """Close the ended attempt; the slot holds until it is given the next attempt or episode."""
+        attempt = self.attempt
+        assert attempt is not None and attempt.result is not None
+        self.attempt = None
+        return AttemptEnded(key=attempt.key, result=attempt.result, frames=self.frames)
+
+
+class _Feed:
+    """The work source seen by one run: remembers that it ran dry, and folds PENDING into "nothing now"."""
+
+    def __init__(self, work: WorkSource) -> None:
+        self.work = work
+        self.exhausted = False
+
+    def take(self, wait: bool) -> EpisodeAssignment | None:
+        if self.exhausted:
+            return None
+        assignment = self.work.next_episode(wait=wait)
+        if assignment is PENDING:
+            return None
+        if assignment is None:
+            self.exhausted = True
+            return None
+        assert isinstance(assignment, EpisodeAssignment)
+        return assignment
+
+
 class Executor:
     """Runs episodes from a :class:`WorkSource` until it runs dry, retrying each up to ``max_attempts``.
 
@@ -415,11 +456,14 @@ class Executor:
             cached = self._holds[row] = default_hold_action(self.rows.action_space)
         return cached
 
-    def _start(self, row: int, assignment: EpisodeAssignment, attempt: int) -> tuple[_Attempt, list[Record]]:
-        key = AttemptKey(assignment.episode_index, attempt)
+    def _start(self, slot: _RowSlot, attempt: int) -> AttemptStarted:
+        """Reset the slot's row for ``attempt`` of its episode; a failing reset or plan ends the attempt."""
+        assert slot.assignment is not None
+        row = slot.index
+        key = AttemptKey(slot.assignment.episode_index, attempt)
         seed = derive_seed(self.job_seed, key.episode_index, attempt)
         att = _Attempt(self.task, self.rows.row_envs[row], key, seed, row, self.rows.action_space, self._shapes)
-        out: list[Record] = [AttemptStarted(key=key, seed=seed, row=row, worker=self.worker)]
+        slot.start(att)
         try:
             try:
                 obs, _info = self.rows.reset_row(row, seed)
@@ -430,107 +474,97 @@ class Executor:
             att.begin(obs)
         except DemoError as exc:
             att.fail(exc)
-        return att, out
+        return AttemptStarted(key=key, seed=seed, row=row, worker=self.worker)
+
+    def _settle(self, slot: _RowSlot, slots: list[_RowSlot], feed: _Feed) -> Iterator[Record]:
+        """Emit the end of the slot's finished attempt, then start its retry or its next episode.
+
+        Several records can come out: an attempt that fails at reset ends at once and is retried here.
+        """
+        while True:
+            if slot.attempt is not None:
+                if slot.attempt.result is None:
+                    return
+                ended = slot.end()
+                yield ended
+                result = ended.result
+                if result.terminal_reason is TerminalReason.INTERRUPTED:
+                    return
+                if not result.committable:
+                    assert slot.assignment is not None
+                    next_attempt = ended.key.attempt + (1 if result.counts_as_attempt else 0)
+                    if next_attempt < self.max_attempts:
+                        yield self._start(slot, next_attempt)
+                        continue
+                    yield EpisodeAbandoned(slot.assignment.episode_index, next_attempt,
+                                           result.failure_reason or result.terminal_reason.value)
+                slot.assignment = None
+            if feed.exhausted:
+                return
+            # Block for work only when no other row has an episode to finish meanwhile.
+            others_active = any(other.active for other in slots if other is not slot)
+            assignment = feed.take(wait=not others_active)
+            if assignment is None:
+                return
+            if assignment.first_attempt >= self.max_attempts:
+                yield EpisodeAbandoned(assignment.episode_index, assignment.first_attempt,
+                                       "attempts already exhausted")
+                continue
+            slot.assignment = assignment
+            yield self._start(slot, assignment.first_attempt)
+
+    def _step_rows(self, slots: list[_RowSlot], feed: _Feed) -> Iterator[Record]:
+        """One env step of every row: active rows act and record, idle rows hold still."""
+        actions: list[np.ndarray] = []
+        for slot in slots:
+            if slot.attempt is not None:
+                assert slot.attempt.action is not None
+                actions.append(slot.attempt.action)
+            else:
+                actions.append(self._hold_action(slot.index))
+        try:
+            outcomes = self.rows.step(actions)
+        except Exception as exc:
+            # One step call drives every row, so an env error fails every active row's attempt.
+            cls = type(exc) if isinstance(exc, DemoError) else EnvError
+            detail = exc.detail if isinstance(exc, DemoError) else f"step raised {type(exc).__name__}: {exc}"
+            for slot in slots:
+                if slot.attempt is not None:
+                    slot.attempt.fail(cls(detail))
+                    yield from self._settle(slot, slots, feed)
+            return
+        for slot, outcome in zip(slots, outcomes):
+            if slot.attempt is None:
+                _obs, _reward, terminated, truncated, _info = outcome
+                if terminated or truncated:
+                    # A holding row ran into its env's step limit: reset it quietly (nothing of it is
+                    # recorded), or stepping it again would step a finished episode.
+                    self.rows.reset_row(slot.index, None)
+                continue
+            frame = slot.step(outcome)
+            if frame is not None:
+                yield frame
+            yield from self._settle(slot, slots, feed)
 
     def run(self, work: WorkSource) -> Iterator[Record]:
-        n = self.rows.n
-        attempts: list[_Attempt | None] = [None] * n
-        assignments: list[EpisodeAssignment | None] = [None] * n
-        frames: list[int] = [0] * n
-        exhausted = False
-
-        def settle(row: int) -> Iterator[Record]:
-            """Emit the end of a finished attempt and start the row's next attempt or episode."""
-            nonlocal exhausted
-            while True:
-                att = attempts[row]
-                if att is not None and att.result is None:
-                    return
-                if att is not None:
-                    assert att.result is not None
-                    yield AttemptEnded(key=att.key, result=att.result, frames=frames[row])
-                    assignment = assignments[row]
-                    assert assignment is not None
-                    next_attempt = att.key.attempt + (1 if att.result.counts_as_attempt else 0)
-                    attempts[row] = None
-                    if att.result.terminal_reason is TerminalReason.INTERRUPTED:
-                        return
-                    if not att.result.committable:
-                        if next_attempt < self.max_attempts:
-                            frames[row] = 0
-                            attempts[row], started = self._start(row, assignment, next_attempt)
-                            yield from started
-                            continue
-                        yield EpisodeAbandoned(assignment.episode_index, next_attempt,
-                                               att.result.failure_reason or att.result.terminal_reason.value)
-                    assignments[row] = None
-                if exhausted:
-                    return
-                others_active = any(a is not None for i, a in enumerate(attempts) if i != row)
-                assignment = work.next_episode(wait=not others_active)
-                if assignment is PENDING:
-                    return
-                if assignment is None:
-                    exhausted = True
-                    return
-                assert isinstance(assignment, EpisodeAssignment)
-                if assignment.first_attempt >= self.max_attempts:
-                    yield EpisodeAbandoned(assignment.episode_index, assignment.first_attempt,
-                                           "attempts already exhausted")
-                    continue
-                assignments[row] = assignment
-                frames[row] = 0
-                attempts[row], started = self._start(row, assignment, assignment.first_attempt)
-                yield from started
-
+        """Yield every record until the work runs dry (or ``interrupt``): refill idle rows, then step all."""
+        slots = [_RowSlot(row) for row in range(self.rows.n)]
+        feed = _Feed(work)
         while True:
-            for row in range(n):
-                if attempts[row] is None and not exhausted:
-                    yield from settle(row)  # refill idle rows (blocking only when no row is active)
-            if all(a is None for a in attempts):
-                if exhausted:
+            for slot in slots:
+                if not slot.active and not feed.exhausted:
+                    yield from self._settle(slot, slots, feed)  # refill idle rows
+            if not any(slot.active for slot in slots):
+                if feed.exhausted:
                     return
                 continue
             if self.interrupt():
-                for row, att in enumerate(attempts):
-                    if att is not None:
-                        att.interrupt()
-                        yield from settle(row)
+                for slot in slots:
+                    if slot.attempt is not None:
+                        slot.attempt.interrupt()
+                        yield from self._settle(slot, slots, feed)
                 return
-            actions: list[np.ndarray] = []
-            for row, att in enumerate(attempts):
-                if att is not None:
-                    assert att.action is not None
-                    actions.append(att.action)
-                else:
-                    actions.append(self._hold_action(row))
-            try:
-                results = self.rows.step(actions)
-            except Exception as exc:
-                # One step call drives every row, so an env error fails every active row's attempt.
-                cls = type(exc) if isinstance(exc, DemoError) else EnvError
-                detail = exc.detail if isinstance(exc, DemoError) else f"step raised {type(exc).__name__}: {exc}"
-                for row, att in enumerate(attempts):
-                    if att is not None:
-                        att.fail(cls(detail))
-                        yield from settle(row)
-                continue
-            for row, att in enumerate(attempts):
-                obs, reward, terminated, truncated, info = results[row]
-                if att is None:
-                    if terminated or truncated:
-                        # A holding row ran into its env's step limit: reset it quietly (nothing of it is
-                        # recorded), or stepping it again would step a finished episode.
-                        self.rows.reset_row(row, None)
-                    continue
-                try:
-                    frame = att.after_step(obs, reward, terminated, truncated, info)
-                except DemoError as exc:
-                    att.fail(exc)
-                else:
-                    frames[row] += 1
-                    yield frame
-                yield from settle(row)
+            yield from self._step_rows(slots, feed)
 
 
 def run_episodes(env: gym.Env | gym.vector.VectorEnv, *, task: str, episodes: int, job_seed: int = 0,

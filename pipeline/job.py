@@ -9,6 +9,7 @@ from typing import Any
 
 from demoforge.pipeline.contract import SCHEMA_VERSION
 from demoforge.pipeline.tasks.registry import TaskInfo, get_task
+from demoforge.storage.schema import Fingerprint, VideoIdentity
 
 # SVT-AV1 prints a banner per encoder at info level; keep it to warnings unless the user asks.
 os.environ.setdefault("SVT_LOG", "1")
@@ -65,9 +66,9 @@ class VideoSettings:
             opts["row-mt"] = "1"
         return opts
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> VideoIdentity:
         """The settings that change the bytes of the stored video (threads do not)."""
-        return {"codec": self.codec, "crf": self.crf, "preset": self.preset, "g": self.g, "pix_fmt": self.pix_fmt}
+        return VideoIdentity(codec=self.codec, crf=self.crf, preset=self.preset, g=self.g, pix_fmt=self.pix_fmt)
 
 
 @dataclass(frozen=True)
@@ -101,18 +102,11 @@ class JobSpec:
     def task_info(self) -> TaskInfo:
         return get_task(self.task).info(self.task_options)
 
-    def fingerprint(self, info: TaskInfo | None = None) -> dict[str, Any]:
+    def fingerprint(self, info: TaskInfo | None = None) -> Fingerprint:
         """Everything that shapes stored data: a store keeps one fingerprint for life."""
         info = info or self.task_info()
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "task": self.task,
-            "task_options": dict(info.options),
-            "fps": info.fps,
-            "cameras": [[c.name, c.height, c.width] for c in info.cameras],
-            "state_shapes": {k: list(v) for k, v in info.state_shapes.items()},
-            "action_shape": list(info.action_shape),
-            "video": self.video.identity(),
-            "seed": self.seed,
-            "chunk_frames": self.chunk_frames,
-        }
+        return Fingerprint(schema_version=SCHEMA_VERSION, task=self.task, task_options=dict(info.options),
+                           fps=info.fps, cameras=tuple(info.cameras),
+                           state_shapes={k: tuple(v) for k, v in info.state_shapes.items()},
+                           action_shape=tuple(info.action_shape), video=self.video.identity(), seed=self.seed,
+                           chunk_frames=self.chunk_frames)

@@ -1,4 +1,5 @@
-"""Frozen records that cross stage boundaries: what the executor emits and every later stage consumes.
+"""Frozen records that cross stage boundaries: what the executor emits and every later stage consumes, and
+the types that feed it work (the plan stage's assignments, the resume state they are planned from).
 
 Frames of several attempts interleave (vector rows, several workers), so every record carries the
 :class:`AttemptKey` it belongs to and stages key their state by it.
@@ -6,14 +7,60 @@ Frames of several attempts interleave (vector rows, several workers), so every r
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 import numpy as np
 
 from demoforge.pipeline.contract import Annotations, EpisodeResult
 
 
+# ---------------------------------------------------------------------------- work for the executor
+@dataclass(frozen=True)
+class ResumeState:
+    """What a (re)started job needs: done episodes and the attempts already spent on the others."""
+
+    committed: frozenset[int]
+    spent_attempts: Mapping[int, int]
+    quarantined: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class EpisodeAssignment:
+    """An episode index to produce, starting at ``first_attempt`` (attempts already spent in earlier runs)."""
+
+    episode_index: int
+    first_attempt: int = 0
+
+
+class Pending(enum.Enum):
+    """The type of :data:`PENDING` (an enum member, so type checkers narrow ``is PENDING`` tests)."""
+
+    PENDING = "PENDING"
+
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+#: Returned by a work source asked not to wait when no episode is available yet (but more may come).
+PENDING: Literal[Pending.PENDING] = Pending.PENDING
+
+
+class WorkSource(Protocol):
+    """Where an executor takes its episodes from (the plan stream in a job, a range in tests)."""
+
+    def next_episode(self, wait: bool = True) -> EpisodeAssignment | None | Pending:
+        """The next episode to run; None when there will be no more work for this executor.
+
+        With ``wait=False`` it returns :data:`PENDING` instead of blocking: the executor never blocks one
+        vector row's refill while another row still has an episode to finish.
+        """
+        ...
+
+
+# ------------------------------------------------------------------------------ from the executor
 @dataclass(frozen=True, order=True)
 class AttemptKey:
     """Identity of one attempt: the job's episode index and the attempt number (0-based)."""

@@ -132,18 +132,23 @@ def _worker_replay(path: str, ref: EpisodeRef, settings: ReplaySettings) -> Epis
 def _check_tasks(source: EpisodeSource, refs: Sequence[EpisodeRef]) -> None:
     """Refuse before starting when a task is not registered here (a plugin module not named), or now
     describes other features than the input records."""
-    from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError, get_task
+    from demoforge.pipeline.tasks.registry import (
+        TaskDefinitionError,
+        TaskOptionError,
+        TaskPluginError,
+        UnknownTaskError,
+        get_task,
+    )
 
     for task in sorted({r.task for r in refs}):
         try:
             entry = get_task(task)
-        except UnknownTaskError:
-            raise ReplayInputError(f"{source.path} was generated with task {task!r}, which is not registered here: "
-                                   "if it is a plugin task, name the module that registers it in "
-                                   "DEMOFORGE_TASK_MODULES") from None
-        except ImportError as exc:  # a plugin module named in DEMOFORGE_TASK_MODULES, or a simulator missing
-            raise ReplayInputError(f"cannot load task {task!r} of {source.path}: {exc} (check DEMOFORGE_TASK_MODULES "
-                                   "and the installed packages)") from None
+        except (UnknownTaskError, TaskPluginError) as exc:
+            raise ReplayInputError(f"{source.path} was generated with task {task!r}, which cannot be loaded here: "
+                                   f"{exc}. A plugin task needs its module named in DEMOFORGE_TASK_MODULES (or its "
+                                   "package installed)") from None
+        except ImportError as exc:  # a built-in task's simulator is not installed
+            raise ReplayInputError(f"cannot load task {task!r} of {source.path}: {exc}") from None
         if source.kind != "store":
             continue  # a dataset's options are per episode; checked when each is built
         try:

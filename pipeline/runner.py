@@ -23,10 +23,9 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from demoforge.pipeline.executor import EpisodeAssignment
 from demoforge.pipeline.faults import stage_delays
 from demoforge.pipeline.job import JobSpec
-from demoforge.pipeline.records import Record, StagedAttempt
+from demoforge.pipeline.records import EpisodeAssignment, Record, StagedAttempt
 from demoforge.pipeline.tasks.registry import get_task
 from demoforge.stages.commit import commit_stage
 from demoforge.stages.encode import encode_stage

@@ -16,6 +16,7 @@ import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from demoforge.pipeline.job import VideoSettings
+from demoforge.pipeline.malloc import make_uninitialized_reads_deterministic
 from demoforge.pipeline.records import AttemptEnded, AttemptKey, EncodedFrame, Frame, Record, VideoTail
 from demoforge.pipeline.tasks.registry import CameraSpec
 
@@ -50,6 +51,7 @@ class CameraEncoder:
     """Encodes one camera of one attempt; :meth:`encode` returns whatever bytes the muxer produced."""
 
     def __init__(self, camera: CameraSpec, fps: int, settings: VideoSettings) -> None:
+        make_uninitialized_reads_deterministic()  # libx264 reads bytes it never wrote: see pipeline/malloc.py
         self.camera = camera
         self.frames = 0
         self._sink = _Sink()

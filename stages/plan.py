@@ -11,8 +11,7 @@ from __future__ import annotations
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
-from demoforge.pipeline.executor import EpisodeAssignment
-from demoforge.storage.catalog import ResumeState
+from demoforge.pipeline.records import EpisodeAssignment, ResumeState
 
 
 class EpisodePlanner:

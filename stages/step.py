@@ -25,8 +25,18 @@ import gymnasium as gym
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from demoforge.pipeline.contract import EnvError, EpisodeResult, TerminalReason
-from demoforge.pipeline.executor import PENDING, EpisodeAssignment, Executor, _Pending
-from demoforge.pipeline.records import AttemptEnded, AttemptKey, AttemptStarted, EpisodeAbandoned, Frame, Record
+from demoforge.pipeline.executor import Executor
+from demoforge.pipeline.records import (
+    PENDING,
+    AttemptEnded,
+    AttemptKey,
+    AttemptStarted,
+    EpisodeAbandoned,
+    EpisodeAssignment,
+    Frame,
+    Pending,
+    Record,
+)
 
 
 class StepTimeoutError(EnvError):
@@ -84,7 +94,7 @@ class _StreamWork:
         self.token = token
         self.carry = carry
 
-    def next_episode(self, wait: bool = True) -> EpisodeAssignment | None | _Pending:
+    def next_episode(self, wait: bool = True) -> EpisodeAssignment | None | Pending:
         if self.carry:
             return self.carry.pop(0)
         if self.stop.is_set():

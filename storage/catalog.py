@@ -18,15 +18,23 @@ import json
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from demoforge.pipeline.records import ResumeState
+from demoforge.storage.errors import ReadOnlyError, StoreError
+from demoforge.storage.paths import short_path
+from demoforge.storage.schema import READABLE_STATES, AttemptState, Fingerprint
+
 CATALOG_FILE = "catalog.sqlite"
 CATALOG_VERSION = 1
+OUR_TABLES = frozenset({"meta", "attempts"})
+SQLITE_MAGIC = b"SQLite format 3\x00"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -65,6 +73,36 @@ CREATE TABLE IF NOT EXISTS recovery (
 
 
 
+def check_catalog_file(store_dir: Path) -> None:
+    """Refuse a ``catalog.sqlite`` that is not ours (not SQLite, or SQLite without our tables) before anything
+    opens it for writing or adds a schema to it. A missing or empty file (a run killed before it wrote the
+    schema) passes."""
+    path = Path(store_dir)
+    catalog = path / CATALOG_FILE
+    try:
+        with open(catalog, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StoreError(f"cannot read {short_path(catalog)}: {exc.strerror}") from None
+    if not head:
+        return
+    if head != SQLITE_MAGIC:
+        raise StoreError(f"{short_path(path)} is not a demoforge store: {CATALOG_FILE} is not an SQLite database")
+    reader = Catalog.open_read_only(path)
+    try:
+        tables = reader.tables()
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{short_path(path)} is not a demoforge store: {CATALOG_FILE} cannot be read ({exc})") \
+            from None
+    finally:
+        reader.close()
+    if tables and not OUR_TABLES <= tables:
+        raise StoreError(f"{short_path(path)} is not a demoforge store: {CATALOG_FILE} holds other tables "
+                         f"({', '.join(sorted(tables)[:5])}); refusing to modify it")
+
+
 class CatalogError(RuntimeError):
     """The catalog refused a transition (e.g. committing an attempt that is not staging)."""
 
@@ -78,7 +116,7 @@ class AttemptRow:
     episode_index: int
     attempt: int
     episode_id: str
-    state: str
+    state: AttemptState
     seed: int
     frames: int | None
     video_bytes: dict[str, int]
@@ -88,32 +126,65 @@ class AttemptRow:
     counted: bool
     record: dict[str, Any] | None
     dataset_index: int | None
-
-
-@dataclass(frozen=True)
-class ResumeState:
-    """What a (re)started job needs: done episodes and the attempts already spent on the others."""
-
-    committed: frozenset[int]
-    spent_attempts: Mapping[int, int]
-    quarantined: frozenset[int] = frozenset()
+    row_id: int = 0  # the row's position in the catalog: rows are only ever appended
+    updated_at: float = 0.0
 
 
 class Catalog:
-    """Thread-safe: stages call it from worker threads; one lock serialises the connection."""
+    """Thread-safe: stages call it from worker threads; one lock serialises the connection.
 
-    def __init__(self, store_dir: Path) -> None:
+    ``Catalog(store_dir)`` is the writer's opener (JobStore.open, behind the store lock): it creates the
+    schema. Readers use :meth:`open_read_only` (an SQLite ``mode=ro`` connection, no schema script; every
+    write method raises :class:`ReadOnlyError`); export and verify, which flip attempt states of an existing
+    store while a writer may run, use :meth:`open_existing` (no schema script, never creates the file).
+    """
+
+    def __init__(self, store_dir: Path, *, _mode: str = "create") -> None:
         self.path = Path(store_dir) / CATALOG_FILE
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_SCHEMA)
+        self.read_only = _mode == "ro"
+        self._lock = threading.RLock()
+        if _mode == "create":
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+        else:
+            uri = f"file:{urllib.parse.quote(str(self.path.resolve()))}?mode={'ro' if self.read_only else 'rw'}"
+            self._db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=30)
+        try:
+            if self.read_only:
+                self._db.execute("PRAGMA query_only = 1")
+            else:
+                if _mode == "create":
+                    self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+                self._db.execute("PRAGMA foreign_keys=ON")
+                if _mode == "create":
+                    self._db.executescript(_SCHEMA)
+        except BaseException:
+            self._db.close()
+            raise
+
+    @classmethod
+    def open_read_only(cls, store_dir: Path) -> Catalog:
+        """A reader's catalog: works while a writer runs (WAL readers never block it)."""
+        return cls._open_existing(store_dir, "ro")
+
+    @classmethod
+    def open_existing(cls, store_dir: Path) -> Catalog:
+        """An existing catalog opened for state updates only (export, verify): no schema is created."""
+        return cls._open_existing(store_dir, "rw")
+
+    @classmethod
+    def _open_existing(cls, store_dir: Path, mode: str) -> Catalog:
+        try:
+            return cls(store_dir, _mode=mode)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{short_path(store_dir)} is not a demoforge store: {CATALOG_FILE} cannot be read "
+                             f"({exc})") from None
 
     # ------------------------------------------------------------------------------ plumbing
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self, operation: str) -> Iterator[sqlite3.Connection]:
+        if self.read_only:
+            raise ReadOnlyError(operation, f"the catalog {self.path}")
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -126,24 +197,53 @@ class Catalog:
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
-            return self._db.execute(sql, args).fetchall()
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.OperationalError as exc:
+                # a reader may open the file a starting writer has created before its schema
+                if self.read_only and "no such table" in str(exc):
+                    return []
+                raise
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Reads inside see one consistent state of the catalog (one short read transaction)."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                yield
+            finally:
+                self._db.execute("COMMIT")
+
+    def tables(self) -> set[str]:
+        return {r[0] for r in self._query("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits (SQLite's ``PRAGMA data_version``)."""
+        return int(self._query("PRAGMA data_version")[0][0])
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # ------------------------------------------------------------------------------ the job
-    def bind_job(self, fingerprint: Mapping[str, Any]) -> bool:
+    def bind_job(self, fingerprint: Fingerprint) -> bool:
         """Record the job's fingerprint on a new store, or refuse a different one. True if new."""
-        wanted = json.loads(json.dumps(fingerprint, sort_keys=True))
-        with self._tx() as db:
+        with self._tx("bind a job") as db:
             row = db.execute("SELECT value FROM meta WHERE key = 'fingerprint'").fetchone()
             if row is None:
-                db.execute("INSERT INTO meta VALUES ('fingerprint', ?)", (json.dumps(wanted, sort_keys=True),))
+                db.execute("INSERT INTO meta VALUES ('fingerprint', ?)", (fingerprint.to_json(),))
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('catalog_version', ?)", (str(CATALOG_VERSION),))
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('created_at', ?)", (repr(time.time()),))
                 return True
         stored = json.loads(row[0])
+        wanted = fingerprint.to_dict()
         if stored != wanted:
             diffs = [f"{k}: store has {stored.get(k)!r}, this job has {wanted.get(k)!r}"
                      for k in sorted(set(stored) | set(wanted)) if stored.get(k) != wanted.get(k)]
@@ -151,12 +251,13 @@ class Catalog:
                                    "use a new --store or the original settings. Differences: " + "; ".join(diffs))
         return False
 
-    def fingerprint(self) -> dict[str, Any] | None:
+    def fingerprint(self) -> Fingerprint | None:
+        """The store's job (None before a job was bound); FingerprintError for an old or foreign one."""
         rows = self._query("SELECT value FROM meta WHERE key = 'fingerprint'")
-        return json.loads(rows[0][0]) if rows else None
+        return Fingerprint.from_json(rows[0][0]) if rows else None
 
     def set_meta(self, key: str, value: Any) -> None:
-        with self._tx() as db:
+        with self._tx(f"set {key!r}") as db:
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
 
     def get_meta(self, key: str, default: Any = None) -> Any:
@@ -167,94 +268,126 @@ class Catalog:
     def begin_attempt(self, episode_index: int, attempt: int, episode_id: str, seed: int, row: int = 0,
                       worker: int = 0) -> None:
         now = time.time()
-        with self._tx() as db:
+        with self._tx(f"begin attempt {episode_id}") as db:
             db.execute("INSERT INTO attempts (episode_index, attempt, episode_id, state, seed, row, worker, "
-                       "created_at, updated_at) VALUES (?, ?, ?, 'staging', ?, ?, ?, ?, ?)",
-                       (episode_index, attempt, episode_id, seed, row, worker, now, now))
+                       "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (episode_index, attempt, episode_id, AttemptState.STAGING, seed, row, worker, now, now))
 
     def commit(self, episode_id: str, *, frames: int, video_bytes: Mapping[str, int], content_hash: str,
                record: Mapping[str, Any]) -> None:
         """Flip a staging attempt to committed. Call only after its data is durable."""
-        with self._tx() as db:
+        with self._tx(f"commit {episode_id}") as db:
             cur = db.execute(
-                "UPDATE attempts SET state = 'committed', frames = ?, video_bytes = ?, content_hash = ?, "
-                "terminal_reason = ?, record = ?, updated_at = ? WHERE episode_id = ? AND state = 'staging'",
-                (frames, json.dumps(dict(video_bytes)), content_hash, record.get("terminal_reason"),
-                 json.dumps(record, allow_nan=False), time.time(), episode_id))
+                "UPDATE attempts SET state = ?, frames = ?, video_bytes = ?, content_hash = ?, "
+                "terminal_reason = ?, record = ?, updated_at = ? WHERE episode_id = ? AND state = ?",
+                (AttemptState.COMMITTED, frames, json.dumps(dict(video_bytes)), content_hash,
+                 record.get("terminal_reason"), json.dumps(record, allow_nan=False), time.time(), episode_id,
+                 AttemptState.STAGING))
             if cur.rowcount != 1:
                 raise CatalogError(f"cannot commit {episode_id}: it is not a staging attempt")
 
     def discard(self, episode_id: str, *, reason: str, terminal_reason: str, counted: bool,
                 record: Mapping[str, Any] | None = None) -> None:
-        with self._tx() as db:
+        with self._tx(f"discard {episode_id}") as db:
             cur = db.execute(
-                "UPDATE attempts SET state = 'discarded', reason = ?, terminal_reason = ?, counted = ?, "
-                "record = ?, updated_at = ? WHERE episode_id = ? AND state = 'staging'",
-                (reason, terminal_reason, int(counted), json.dumps(record) if record else None, time.time(),
-                 episode_id))
+                "UPDATE attempts SET state = ?, reason = ?, terminal_reason = ?, counted = ?, "
+                "record = ?, updated_at = ? WHERE episode_id = ? AND state = ?",
+                (AttemptState.DISCARDED, reason, terminal_reason, int(counted),
+                 json.dumps(record) if record else None, time.time(), episode_id, AttemptState.STAGING))
             if cur.rowcount != 1:
                 raise CatalogError(f"cannot discard {episode_id}: it is not a staging attempt")
 
     def quarantine(self, episode_id: str, reason: str) -> None:
-        with self._tx() as db:
-            db.execute("UPDATE attempts SET state = 'quarantined', reason = ?, updated_at = ? "
-                       "WHERE episode_id = ? AND state IN ('committed', 'exported')",
-                       (reason, time.time(), episode_id))
+        with self._tx(f"quarantine {episode_id}") as db:
+            db.execute("UPDATE attempts SET state = ?, reason = ?, updated_at = ? "
+                       "WHERE episode_id = ? AND state IN (?, ?)",
+                       (AttemptState.QUARANTINED, reason, time.time(), episode_id, *READABLE_STATES))
 
     def mark_exported(self, dataset_indices: Mapping[str, int]) -> None:
         """Record, in one transaction, that these committed episodes are published at these indices."""
         now = time.time()
-        with self._tx() as db:
+        with self._tx("mark episodes exported") as db:
             for episode_id, index in dataset_indices.items():
-                cur = db.execute("UPDATE attempts SET state = 'exported', dataset_index = ?, updated_at = ? "
-                                 "WHERE episode_id = ? AND state = 'committed'", (index, now, episode_id))
+                cur = db.execute("UPDATE attempts SET state = ?, dataset_index = ?, updated_at = ? "
+                                 "WHERE episode_id = ? AND state = ?",
+                                 (AttemptState.EXPORTED, index, now, episode_id, AttemptState.COMMITTED))
                 if cur.rowcount != 1:
                     raise CatalogError(f"cannot mark {episode_id} exported: it is not a committed episode")
 
     def log_recovery(self, action: str, detail: str) -> None:
-        with self._tx() as db:
+        with self._tx("log a recovery action") as db:
             db.execute("INSERT INTO recovery (at, action, detail) VALUES (?, ?, ?)", (time.time(), action, detail))
 
     # ------------------------------------------------------------------------------ reads
     _COLUMNS = ("episode_index, attempt, episode_id, state, seed, frames, video_bytes, content_hash, "
-                "terminal_reason, reason, counted, record, dataset_index")
+                "terminal_reason, reason, counted, record, dataset_index, id, updated_at")
 
     @staticmethod
     def _row(r: tuple[Any, ...]) -> AttemptRow:
-        return AttemptRow(episode_index=r[0], attempt=r[1], episode_id=r[2], state=r[3], seed=r[4], frames=r[5],
-                          video_bytes=json.loads(r[6]) if r[6] else {}, content_hash=r[7], terminal_reason=r[8],
-                          reason=r[9], counted=bool(r[10]), record=json.loads(r[11]) if r[11] else None,
-                          dataset_index=r[12])
+        return AttemptRow(episode_index=r[0], attempt=r[1], episode_id=r[2], state=AttemptState(r[3]), seed=r[4],
+                          frames=r[5], video_bytes=json.loads(r[6]) if r[6] else {}, content_hash=r[7],
+                          terminal_reason=r[8], reason=r[9], counted=bool(r[10]),
+                          record=json.loads(r[11]) if r[11] else None, dataset_index=r[12], row_id=r[13],
+                          updated_at=r[14])
 
-    def attempts(self, states: tuple[str, ...] | None = None) -> list[AttemptRow]:
+    @staticmethod
+    def _in(values: Collection[Any]) -> str:
+        return f"({', '.join('?' * len(values))})"
+
+    def attempts(self, states: tuple[AttemptState | str, ...] | None = None) -> list[AttemptRow]:
         sql = f"SELECT {self._COLUMNS} FROM attempts"
         args: tuple[Any, ...] = ()
         if states:
-            sql += f" WHERE state IN ({', '.join('?' * len(states))})"
-            args = tuple(states)
+            args = tuple(AttemptState(s) for s in states)
+            sql += f" WHERE state IN {self._in(args)}"
         return [self._row(r) for r in self._query(sql + " ORDER BY episode_index, attempt, id", args)]
 
     def committed(self) -> list[AttemptRow]:
-        return self.attempts(("committed", "exported"))
+        """Committed and exported attempts: the episodes whose data is durable."""
+        return self.attempts(READABLE_STATES)
+
+    def attempts_after(self, row_id: int) -> list[AttemptRow]:
+        """Rows appended after ``row_id``, in the order they were added (a tailer's new rows)."""
+        return [self._row(r) for r in self._query(f"SELECT {self._COLUMNS} FROM attempts WHERE id > ? ORDER BY id",
+                                                  (row_id,))]
+
+    def attempts_by_row_id(self, row_ids: Collection[int]) -> list[AttemptRow]:
+        out: list[AttemptRow] = []
+        ids = sorted(row_ids)
+        for k in range(0, len(ids), 500):
+            part = tuple(ids[k:k + 500])
+            out += [self._row(r) for r in self._query(
+                f"SELECT {self._COLUMNS} FROM attempts WHERE id IN {self._in(part)} ORDER BY id", part)]
+        return out
+
+    def count(self, state: AttemptState) -> int:
+        rows = self._query("SELECT COUNT(*) FROM attempts WHERE state = ?", (AttemptState(state),))
+        return int(rows[0][0]) if rows else 0
+
+    def episode_ids(self, state: AttemptState) -> set[str]:
+        return {r[0] for r in self._query("SELECT episode_id FROM attempts WHERE state = ?", (AttemptState(state),))}
 
     def resume_state(self) -> ResumeState:
         committed = {r[0] for r in self._query(
-            "SELECT episode_index FROM attempts WHERE state IN ('committed', 'exported')")}
-        quarantined = {r[0] for r in self._query("SELECT episode_index FROM attempts WHERE state = 'quarantined'")}
-        spent = dict(self._query("SELECT episode_index, COUNT(*) FROM attempts WHERE state = 'discarded' "
-                                 "AND counted = 1 GROUP BY episode_index"))
+            "SELECT episode_index FROM attempts WHERE state IN (?, ?)", READABLE_STATES)}
+        quarantined = {r[0] for r in self._query("SELECT episode_index FROM attempts WHERE state = ?",
+                                                 (AttemptState.QUARANTINED,))}
+        spent = dict(self._query("SELECT episode_index, COUNT(*) FROM attempts WHERE state = ? "
+                                 "AND counted = 1 GROUP BY episode_index", (AttemptState.DISCARDED,)))
         return ResumeState(frozenset(committed), spent, frozenset(quarantined))
 
     def referenced_episode_ids(self) -> set[str]:
-        return {r[0] for r in self._query("SELECT episode_id FROM attempts WHERE state IN "
-                                          "('staging', 'committed', 'quarantined', 'exported')")}
+        """Episodes whose staged folder must be kept (every state but discarded)."""
+        return {r[0] for r in self._query("SELECT episode_id FROM attempts WHERE state <> ?",
+                                          (AttemptState.DISCARDED,))}
 
     def summary(self) -> dict[str, Any]:
         by_state = Counter(dict(self._query("SELECT state, COUNT(*) FROM attempts GROUP BY state")))
         reasons = Counter({k or "?": v for k, v in self._query(
-            "SELECT terminal_reason, COUNT(*) FROM attempts WHERE state = 'discarded' GROUP BY terminal_reason")})
-        frames = self._query("SELECT COALESCE(SUM(frames), 0) FROM attempts WHERE state IN ('committed', 'exported')")
+            "SELECT terminal_reason, COUNT(*) FROM attempts WHERE state = ? GROUP BY terminal_reason",
+            (AttemptState.DISCARDED,))})
+        frames = self._query("SELECT COALESCE(SUM(frames), 0) FROM attempts WHERE state IN (?, ?)", READABLE_STATES)
         recovery = [{"at": at, "action": a, "detail": d}
                     for at, a, d in self._query("SELECT at, action, detail FROM recovery ORDER BY id")]
         return {"attempts_by_state": dict(by_state), "discarded_by_reason": dict(reasons),
-                "committed_frames": int(frames[0][0]), "recovery": recovery}
+                "committed_frames": int(frames[0][0]) if frames else 0, "recovery": recovery}

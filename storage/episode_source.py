@@ -9,22 +9,20 @@ Only pyarrow and PyAV are used for datasets: no torch, no lerobot import.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import av
 import numpy as np
 
 from demoforge.pipeline.contract import ANNOTATION_KEYS
+from demoforge.storage.catalog import CATALOG_FILE
+from demoforge.storage.lerobot_format import INFO as INFO_FILE
+from demoforge.storage.lerobot_format import MARKER, SIDECAR, ExportMarker, camera_key, read_sidecar
+from demoforge.storage.video import decode_frames, decode_span
 
-CATALOG_FILE = "catalog.sqlite"
-INFO_FILE = "meta/info.json"
-MARKER = "meta/demoforge.json"  # storage.lerobot_export.MARKER (not imported: that module pulls in lerobot)
-SIDECAR = "meta/demoforge_episodes.jsonl"  # storage.lerobot_export.SIDECAR
 EPISODES_GLOB = "meta/episodes/chunk-*/file-*.parquet"
 
 
@@ -113,56 +111,27 @@ def open_episode_source(path: Path | str) -> EpisodeSource:
                              f"({INFO_FILE})")
 
 
-def decode_video(data: bytes | str | Path, start_s: float | None = None, end_s: float | None = None,
-                 fps: int | None = None) -> list[np.ndarray]:
-    """Decode an mp4 (bytes or a file) to RGB frames, optionally only those shown in ``[start_s, end_s)``."""
-    source = io.BytesIO(data) if isinstance(data, bytes) else str(data)
-    out: list[np.ndarray] = []
-    with av.open(source, mode="r") as container:
-        stream = container.streams.video[0]
-        time_base = float(stream.time_base or 0) or 1.0 / (fps or 1)
-        if start_s is None:
-            return [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
-        assert end_s is not None and fps
-        half = 0.5 / fps  # frame times are multiples of 1/fps; compare with half a frame of slack
-        if start_s > 0:
-            container.seek(int(max(start_s - 1.0, 0.0) / time_base), stream=stream, backward=True)
-        for frame in container.decode(stream):
-            t = float(frame.pts or 0) * time_base
-            if t < start_s - half:
-                continue
-            if t >= end_s - half:
-                break
-            out.append(frame.to_ndarray(format="rgb24"))
-    return out
-
-
 # ----------------------------------------------------------------------------------------------- store
 class StoreSource(EpisodeSource):
-    """Committed (and exported) episodes of a store, read through its catalog and Zarr staging area."""
+    """Committed (and exported) episodes of a store, read through the store's read side."""
 
     kind = "store"
 
     def __init__(self, path: Path) -> None:
-        from demoforge.storage.staging import StagingStore
-        from demoforge.storage.store import StoreError, layout_from_fingerprint, open_catalog_readonly
+        from demoforge.storage.errors import StoreError
+        from demoforge.storage.reader import open_store_reader
 
         self.path = path
         try:
-            self._catalog = open_catalog_readonly(path)
-            fingerprint = self._catalog.fingerprint()
-            if fingerprint is None:
-                raise EpisodeSourceError(f"{path} holds no job: nothing was ever generated there")
-            self._fingerprint = fingerprint
-            self._staging = StagingStore(path, layout_from_fingerprint(fingerprint))
-            self._rows = {r.episode_index: r for r in self._catalog.committed()}
+            self._store = open_store_reader(path)
+            fingerprint, self._staging = self._store.require_job()
+            self._rows = {r.episode_index: r for r in self._store.catalog.committed()}
         except StoreError as exc:
             raise EpisodeSourceError(str(exc)) from None
-        self.schema = JobSchema(task=fingerprint["task"], fps=int(fingerprint["fps"]),
-                                state_shapes={k: tuple(v) for k, v in fingerprint["state_shapes"].items()},
-                                action_shape=tuple(fingerprint["action_shape"]),
-                                cameras=tuple((c, int(h), int(w)) for c, h, w in fingerprint["cameras"]),
-                                video=dict(fingerprint["video"]), task_options=dict(fingerprint["task_options"]))
+        self.schema = JobSchema(task=fingerprint.task, fps=fingerprint.fps, state_shapes=dict(fingerprint.state_shapes),
+                                action_shape=fingerprint.action_shape,
+                                cameras=tuple((c.name, c.height, c.width) for c in fingerprint.cameras),
+                                video=fingerprint.video.to_json(), task_options=dict(fingerprint.task_options))
 
     def episodes(self) -> list[EpisodeRef]:
         return [EpisodeRef(number=r.episode_index, label=f"episode {r.episode_index} ({r.episode_id})",
@@ -178,15 +147,15 @@ class StoreSource(EpisodeSource):
             staged = check_episode(self._staging, row, decode=False)
         except StagingCorruptError as exc:
             raise EpisodeReadError(f"{exc} (see `demoforge verify --store {self.path}`)") from None
-        return RecordedEpisode(ref=ref, task_options=dict(self._fingerprint["task_options"]),
-                               record=dict(row.record or {}), state=staged.state, action=staged.action,
-                               reward=staged.reward, annotations=staged.annotations, videos=staged.video)
+        return RecordedEpisode(ref=ref, task_options=self.schema.task_options, record=dict(row.record or {}),
+                               state=staged.state, action=staged.action, reward=staged.reward,
+                               annotations=staged.annotations, videos=staged.video)
 
     def camera_frames(self, episode: RecordedEpisode, camera: str) -> list[np.ndarray]:
-        return decode_video(episode.videos[camera])
+        return list(decode_frames(episode.videos[camera]))
 
     def close(self) -> None:
-        self._catalog.close()
+        self._store.close()
 
 
 # --------------------------------------------------------------------------------------------- dataset
@@ -198,18 +167,16 @@ class DatasetSource(EpisodeSource):
     def __init__(self, path: Path) -> None:
         self.path = path
         self.root = path.resolve()
+        if not (self.root / MARKER).is_file() or not (self.root / SIDECAR).is_file():
+            raise EpisodeSourceError(f"{path} is a LeRobot dataset but not a demoforge export (no {MARKER} or "
+                                     f"{SIDECAR}): its seeds and attempts are unknown, so it cannot be replayed")
         try:
             self._info = json.loads((self.root / INFO_FILE).read_text())
-            marker_path = self.root / MARKER
-            if not marker_path.is_file() or not (self.root / SIDECAR).is_file():
-                raise EpisodeSourceError(f"{path} is a LeRobot dataset but not a demoforge export (no {MARKER} or "
-                                         f"{SIDECAR}): its seeds and attempts are unknown, so it cannot be replayed")
-            marker = json.loads(marker_path.read_text())
-            sidecar = [json.loads(line) for line in (self.root / SIDECAR).read_text().splitlines() if line.strip()]
-        except (OSError, ValueError) as exc:
+            schema = ExportMarker.read(self.root).schema
+            sidecar = read_sidecar(self.root)
+        except (OSError, ValueError) as exc:  # MarkerError is a ValueError
             raise EpisodeSourceError(f"cannot read the metadata of {path}: {exc}") from None
         try:
-            schema = marker["schema"]
             self.schema = JobSchema(task=schema["task"], fps=int(schema["fps"]),
                                     state_shapes={k: tuple(v) for k, v in schema["state_shapes"].items()},
                                     action_shape=tuple(schema["action_shape"]),
@@ -292,7 +259,7 @@ class DatasetSource(EpisodeSource):
                                record=record, state=state, action=action, reward=reward, annotations=annotations)
 
     def camera_frames(self, episode: RecordedEpisode, camera: str) -> list[np.ndarray]:
-        key = f"observation.images.{camera}"
+        key = camera_key(camera)
         meta = self._episodes[episode.ref.number]
         try:
             relative = self._info["video_path"].format(video_key=key, chunk_index=int(meta[f"videos/{key}/chunk_index"]),
@@ -303,7 +270,7 @@ class DatasetSource(EpisodeSource):
         path = self._inside(relative)
         if not path.is_file():
             raise EpisodeReadError(f"{relative} is missing")
-        return decode_video(path, start, end, self.schema.fps)
+        return decode_span(path, start, end, self.schema.fps)
 
 
 def _column(table: Any, name: str, shape: Sequence[int]) -> np.ndarray:

@@ -5,17 +5,18 @@ out of the install."""
 
 from __future__ import annotations
 
-import io
-import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import av
 import numpy as np
 
-from demoforge.storage.lerobot_export import SIDECAR, camera_key
+from demoforge.storage.catalog import CATALOG_FILE
+from demoforge.storage.lerobot_format import INFO, SIDECAR, read_sidecar
+from demoforge.storage.reader import open_store_reader
+from demoforge.storage.schema import READABLE_STATES, AttemptState
+from demoforge.storage.video import decode_indices
 
 
 @dataclass
@@ -55,43 +56,40 @@ class Inspection:
 
 def inspect_path(path: Path | str, *, with_frames: bool = False, max_episodes: int = 8) -> Inspection:
     path = Path(path)
-    if (path / "catalog.sqlite").exists():
+    if (path / CATALOG_FILE).exists():
         return _inspect_store(path, with_frames, max_episodes)
-    if (path / "meta" / "info.json").exists():
+    if (path / INFO).exists():
         return _inspect_dataset(path, with_frames, max_episodes)
-    raise FileNotFoundError(f"{path} is neither a demoforge store (catalog.sqlite) nor a LeRobot dataset "
-                            "(meta/info.json)")
+    raise FileNotFoundError(f"{path} is neither a demoforge store ({CATALOG_FILE}) nor a LeRobot dataset ({INFO})")
 
 
 def _inspect_store(path: Path, with_frames: bool, max_episodes: int) -> Inspection:
-    from demoforge.storage.staging import StagingStore
-    from demoforge.storage.store import layout_from_fingerprint, open_catalog_readonly
-
-    catalog = open_catalog_readonly(path)
-    try:
-        rows = catalog.attempts()
-        fingerprint = catalog.fingerprint()
-    finally:
-        catalog.close()
-    good = [r for r in rows if r.state in ("committed", "exported") and r.record]
-    result = Inspection(str(path), "store", episodes=[{**r.record, "length": r.frames} for r in good])
-    result.outcomes = dict(Counter(r.state if r.state != "discarded" else f"discarded:{r.terminal_reason}"
-                                   for r in rows))
-    result.failed = [r.record for r in rows if r.state == "discarded" and r.record]
-    if with_frames and fingerprint and fingerprint["cameras"]:
-        staging = StagingStore(path, layout_from_fingerprint(fingerprint))
-        camera = fingerprint["cameras"][0][0]
-        for r in good[:max_episodes]:
-            data = staging.read_episode(r.episode_id, r.frames, r.video_bytes).video[camera]
-            _add_boundary_frames(result, r.record, _decode_all(data))
+    with open_store_reader(path) as store:
+        rows = store.catalog.attempts()
+        good = [r for r in rows if r.state in READABLE_STATES and r.record]
+        result = Inspection(str(path), "store", episodes=[{**r.record, "length": r.frames} for r in good if r.record])
+        result.outcomes = dict(Counter(str(r.state) if r.state != AttemptState.DISCARDED
+                                       else f"discarded:{r.terminal_reason}" for r in rows))
+        result.failed = [r.record for r in rows if r.state == AttemptState.DISCARDED and r.record]
+        fingerprint, staging = store.fingerprint, store.staging
+        if with_frames and fingerprint is not None and staging is not None and fingerprint.cameras:
+            camera = fingerprint.cameras[0].name
+            for r in good[:max_episodes]:
+                data = staging.read_episode(r.episode_id, r.frames or 0, r.video_bytes).video[camera]
+                record = r.record or {}
+                _add_boundary_frames(result, record, decode_indices(data, _boundary_steps(record)))
     return result
 
 
+def _boundary_steps(record: dict[str, Any]) -> list[int]:
+    """The first and last frame of every segment: what the contact sheet shows."""
+    return [step for s in record.get("segments", []) for step in (int(s["start_step"]), int(s["end_step"]) - 1)]
+
+
 def _inspect_dataset(path: Path, with_frames: bool, max_episodes: int) -> Inspection:
-    sidecar = path / SIDECAR
-    if not sidecar.exists():
+    if not (path / SIDECAR).exists():
         raise FileNotFoundError(f"{path} has no {SIDECAR}: not a demoforge export, so it has no segment records")
-    records = [json.loads(line) for line in sidecar.read_text().splitlines() if line.strip()]
+    records = read_sidecar(path)
     result = Inspection(str(path), "dataset", episodes=records, outcomes={"exported": len(records)})
     if with_frames and records:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
@@ -102,17 +100,11 @@ def _inspect_dataset(path: Path, with_frames: bool, max_episodes: int) -> Inspec
             for record in records[:max_episodes]:
                 start = int(dataset.meta.episodes[record["dataset_episode_index"]]["dataset_from_index"])
                 frames = {}
-                for s in record.get("segments", []):
-                    for step in (int(s["start_step"]), int(s["end_step"]) - 1):
-                        image = dataset[start + step][key]
-                        frames[step] = (image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+                for step in _boundary_steps(record):
+                    image = dataset[start + step][key]
+                    frames[step] = (image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
                 _add_boundary_frames(result, record, frames)
     return result
-
-
-def _decode_all(data: bytes) -> dict[int, np.ndarray]:
-    with av.open(io.BytesIO(data)) as container:
-        return {i: f.to_ndarray(format="rgb24") for i, f in enumerate(container.decode(container.streams.video[0]))}
 
 
 def _add_boundary_frames(result: Inspection, record: dict[str, Any], frames: dict[int, np.ndarray]) -> None:

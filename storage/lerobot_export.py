@@ -1,11 +1,8 @@
 """Export committed episodes of a staging store into a LeRobot v3.0 dataset, atomically and incrementally.
 
-Publishing: ``OUT`` is a symbolic link to ``OUT.versions/vNNNNNN``, a complete dataset. An export builds the
-next version beside it — hard links to every unchanged file of the current version, new files for the new
-episodes (data parquet, one mp4 per camera, episode metadata) and rewritten small metadata (info, stats,
-tasks, sidecar) — fsyncs it, then swaps the link with one ``rename(2)``. LeRobot's reader globs whole
-folders, so renaming files one at a time into a live folder could never be atomic for readers; swapping a
-link is. A crash leaves the old version published; the next export removes unfinished version folders.
+The exporter: what goes into a new version and how its files are written (data parquet, per-camera mp4,
+episode metadata, stats, tasks, info, sidecar, marker). The format it writes is ``storage/lerobot_format.py``;
+how a version is built beside the published one and swapped in is ``storage/publish.py``.
 
 Exactly once: the published ``meta/demoforge.json`` lists every exported staging episode with its dataset
 index; it is the truth, and the catalog's ``exported`` state is reconciled from it.
@@ -17,9 +14,7 @@ into the shared per-camera mp4 of this export.
 from __future__ import annotations
 
 import io
-import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,27 +26,44 @@ import numpy as np
 
 from demoforge.pipeline.contract import ANNOTATION_KEYS, SCHEMA_VERSION
 from demoforge.storage.catalog import AttemptRow, Catalog
-from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore, fsync_dir, fsync_file
-from demoforge.storage.store import layout_from_fingerprint, open_catalog_readonly, path_problem, short_path
+from demoforge.storage.lerobot_format import (
+    CHUNKS_SIZE,
+    CODEBASE_VERSION,
+    DATA_FILE_MB,
+    MARKER,
+    SIDECAR,
+    STATS_IMAGE_PX,
+    VIDEO_FILE_MB,
+    ExportMarker,
+    PublishedEpisode,
+    annotation_key,
+    camera_key,
+    dataset_features,
+    schema_identity,
+)
+from demoforge.storage.publish import (
+    KEEP_VERSIONS,
+    ExportError,
+    NotOurDatasetError,
+    Published,
+    append_jsonl,
+    check_writable,
+    lock_exports,
+    prune_versions,
+    publish_version,
+    remove_unfinished,
+    resolve_target,
+    start_version,
+    unlink_shared,
+    write_json,
+)
+from demoforge.storage.reader import open_store_updater
+from demoforge.storage.schema import AttemptState, CameraSpec, Fingerprint
+from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore
 from demoforge.storage.verify import check_episode
+from demoforge.storage.video import decode_indices
 
-MARKER = "meta/demoforge.json"
-SIDECAR = "meta/demoforge_episodes.jsonl"
-EXPORT_FORMAT = 1
-CODEBASE_VERSION = "v3.0"
-CHUNKS_SIZE = 1000
-DATA_FILE_MB = 100
-VIDEO_FILE_MB = 200
-KEEP_VERSIONS = 2
-STATS_IMAGE_PX = 64  # camera stats are computed on frames strided down to about this size
-
-
-class ExportError(RuntimeError):
-    """The export cannot proceed; nothing was modified."""
-
-
-class NotOurDatasetError(ExportError):
-    """The target exists and is not a dataset written by demoforge."""
+__all__ = ["ExportError", "ExportReport", "NotOurDatasetError", "SchemaMismatchError", "export_store"]
 
 
 class SchemaMismatchError(ExportError):
@@ -70,192 +82,61 @@ class ExportReport:
     elapsed_s: float
 
 
-# ------------------------------------------------------------------------------------------- schema
-def camera_key(camera: str) -> str:
-    return f"observation.images.{camera}"
-
-
-def dataset_features(fingerprint: Mapping[str, Any], video_info: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
-    """LeRobot features of an export: states, action, reward, annotations, cameras, language, then the
-    automatic columns (timestamp, frame_index, episode_index, index, task_index)."""
-    from lerobot.datasets.language import language_feature_info
-
-    features: dict[str, dict] = {}
-    for name, shape in fingerprint["state_shapes"].items():
-        features[name] = {"dtype": "float32", "shape": list(shape), "names": None}
-    features["action"] = {"dtype": "float32", "shape": list(fingerprint["action_shape"]), "names": None}
-    features["next.reward"] = {"dtype": "float32", "shape": [1], "names": None}
-    for key in ANNOTATION_KEYS:
-        features[f"annotation.{key}"] = {"dtype": "int64", "shape": [1], "names": None}
-    for camera, height, width in fingerprint["cameras"]:
-        features[camera_key(camera)] = {"dtype": "video", "shape": [height, width, 3],
-                                        "names": ["height", "width", "channels"],
-                                        "info": dict(video_info.get(camera, {}))}
-    for key, ft in language_feature_info().items():
-        features[key] = {**ft, "shape": list(ft["shape"])}
-    for key, dtype in (("timestamp", "float32"), ("frame_index", "int64"), ("episode_index", "int64"),
-                       ("index", "int64"), ("task_index", "int64")):
-        features[key] = {"dtype": dtype, "shape": [1], "names": None}
-    return features
-
-
-def _video_info(fingerprint: Mapping[str, Any], camera: str, height: int, width: int) -> dict[str, Any]:
-    video = fingerprint["video"]
-    return {"video.height": height, "video.width": width,
-            "video.codec": {"libsvtav1": "av1", "libaom-av1": "av1"}.get(video["codec"], video["codec"]),
-            "video.pix_fmt": video["pix_fmt"], "video.fps": fingerprint["fps"], "video.channels": 3,
-            "has_audio": False, "video.g": video["g"], "video.crf": video["crf"], "video.preset": video["preset"],
-            "video.fast_decode": 0, "video.video_backend": "pyav", "video.extra_options": {},
-            "is_depth_map": False}
-
-
-def schema_identity(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
-    """What must match between a store and the dataset it appends to."""
-    return {k: fingerprint[k] for k in ("schema_version", "task", "fps", "cameras", "state_shapes",
-                                        "action_shape", "video")}
-
-
-# ---------------------------------------------------------------------------------------- the target
-@dataclass
-class Published:
-    """The currently published version of a dataset (or nothing yet)."""
-
-    root: Path
-    versions: Path
-    current: Path | None
-    marker: dict[str, Any] | None
-
-
-def resolve_target(out: Path) -> Published:
-    out = Path(out)
-    problem = path_problem(out, reserve=len(".versions"))
-    if problem:
-        raise ExportError(f"cannot use {short_path(out)} as a dataset: the path {problem}")
-    try:
-        return _resolve_target(out)
-    except OSError as exc:  # e.g. a path component that is a file, a loop of links, no permission
-        raise ExportError(f"cannot use {short_path(out)} as a dataset: {exc.strerror or exc}") from None
-    except ValueError as exc:  # an unreadable meta/demoforge.json
-        raise NotOurDatasetError(f"{short_path(out)}: its {MARKER} cannot be read ({exc}); refusing to modify it") \
-            from None
-
-
-def _resolve_target(out: Path) -> Published:
-    versions = out.parent / f"{out.name}.versions"
-    if out.is_symlink():
-        current = (out.parent / os.readlink(out)).resolve()
-        marker_path = current / MARKER
-        if current.parent != versions.resolve() or not marker_path.exists():
-            raise NotOurDatasetError(f"{out} links to {current}, which is not a demoforge dataset version")
-        return Published(out, versions, current, json.loads(marker_path.read_text()))
-    if out.exists():
-        if not out.is_dir():
-            raise NotOurDatasetError(f"{out} exists and is not a directory")
-        if (out / "meta" / "info.json").exists():
-            raise NotOurDatasetError(f"{out} is a LeRobot dataset not written by demoforge; refusing to modify it "
-                                     "(export to a new directory)")
-        if any(out.iterdir()):
-            raise NotOurDatasetError(f"{out} is a non-empty directory that is not a demoforge dataset; "
-                                     "refusing to write into it")
-    return Published(out, versions, None, None)
-
-
-# ----------------------------------------------------------------------------------------- the export
 def export_store(store_dir: Path | str, out: Path | str, *, repo_id: str | None = None,
                  progress: Callable[[int, int], None] | None = None,
                  stage_pause: Callable[[str], None] | None = None) -> ExportReport:
     """Export every committed, not yet exported episode of ``store_dir`` into the dataset at ``out``.
 
-    ``stage_pause(name)`` is a fault-injection hook called between steps (tests kill the process there).
+    Safe while a generate job writes the store: the store is opened with ``open_store_updater`` (states
+    only: ``exported``, and ``quarantined`` for an episode that fails its checks). ``stage_pause(name)`` is
+    a fault-injection hook called between steps (tests kill the process there).
     """
     started = time.monotonic()
     pause = stage_pause or (lambda _name: None)
     store_dir, out = Path(store_dir), Path(out)
-    catalog = open_catalog_readonly(store_dir)
-    try:
-        fingerprint = catalog.fingerprint()
-        if fingerprint is None:
+    with open_store_updater(store_dir) as store:
+        fingerprint = store.fingerprint  # refuses unsafe camera / feature names before any write
+        if fingerprint is None or store.staging is None:
             raise ExportError(f"{store_dir} holds no job yet; nothing to export")
-        layout = layout_from_fingerprint(fingerprint)  # refuses unsafe camera / feature names before any write
+        catalog, staging = store.catalog, store.staging
         target = resolve_target(out)
-        if target.marker is not None and target.marker.get("schema") != schema_identity(fingerprint):
-            diffs = [k for k, v in schema_identity(fingerprint).items() if target.marker.get("schema", {}).get(k) != v]
+        if target.marker is not None and target.marker.schema != schema_identity(fingerprint):
+            diffs = [k for k, v in schema_identity(fingerprint).items() if target.marker.schema.get(k) != v]
             raise SchemaMismatchError(f"{out} was written for a different job (differs in: {', '.join(diffs)}); "
                                       "export to a new directory")
-        _check_writable(out.parent)
-        lock_fd = _lock_exports(target.versions)
+        check_writable(out.parent)
+        lock_fd = lock_exports(target.versions)
         try:
-            _remove_unfinished(target.versions, target.current)
+            remove_unfinished(target.versions, target.current)
             reconciled = _reconcile(catalog, target.marker)
-            staging = StagingStore(store_dir, layout)
             # What the dataset already holds is the published marker's word, not the catalog's: a store
             # can feed a second dataset, and a crash can fall between publishing and the catalog update.
-            present = {e["episode_id"] for e in (target.marker or {}).get("episodes", [])}
-            rows = [r for r in catalog.attempts(("committed", "exported")) if r.episode_id not in present]
+            present = set(target.marker.dataset_indices()) if target.marker else set()
+            rows = [r for r in catalog.committed() if r.episode_id not in present]
             episodes, quarantined = _load_episodes(catalog, staging, rows)
             if not episodes:
-                marker = target.marker or {}
                 return ExportReport(out, target.current.name if target.current else None, 0,
-                                    int(marker.get("total_episodes", 0)), int(marker.get("total_frames", 0)),
+                                    target.marker.total_episodes if target.marker else 0,
+                                    target.marker.total_frames if target.marker else 0,
                                     quarantined, reconciled, time.monotonic() - started)
-            writer = _VersionWriter(target, fingerprint, repo_id or f"demoforge/{fingerprint['task']}", pause)
+            writer = _VersionWriter(target, fingerprint, repo_id or f"demoforge/{fingerprint.task}", pause)
             version, marker = writer.write(episodes, progress)
             pause("before_catalog")
             catalog.mark_exported({row.episode_id: idx for (row, _), idx in zip(episodes, writer.new_indices)
-                                   if row.state == "committed"})
-            _prune_versions(target.versions, keep=KEEP_VERSIONS)
-            return ExportReport(out, version, len(episodes), marker["total_episodes"], marker["total_frames"],
+                                   if row.state == AttemptState.COMMITTED})
+            prune_versions(target.versions, keep=KEEP_VERSIONS)
+            return ExportReport(out, version, len(episodes), marker.total_episodes, marker.total_frames,
                                 quarantined, reconciled, time.monotonic() - started)
         finally:
             os.close(lock_fd)
-    finally:
-        catalog.close()
 
 
-def _check_writable(parent: Path) -> None:
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ExportError(f"cannot create {parent}: {exc.strerror}") from exc
-    probe = parent / f".demoforge-write-probe-{os.getpid()}"
-    try:
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise ExportError(f"cannot write to {parent}: {exc.strerror}") from exc
-
-
-def _lock_exports(versions: Path) -> int:
-    import fcntl
-
-    versions.mkdir(parents=True, exist_ok=True)
-    fd = os.open(versions / "export.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ExportError(f"another export into {versions.parent} is running") from None
-    return fd
-
-
-def _remove_unfinished(versions: Path, current: Path | None) -> None:
-    for path in versions.glob("*.partial"):
-        shutil.rmtree(path, ignore_errors=False)
-    # A version renamed into place whose link swap never happened (a crash between the two) was never
-    # published; left there, it would block this export's rename of the same version number forever.
-    for path in versions.glob("v*"):
-        if path.is_dir() and (current is None or path.name > current.name):
-            shutil.rmtree(path)
-    for path in versions.glob(".link-*"):
-        path.unlink()
-
-
-def _reconcile(catalog: Catalog, marker: Mapping[str, Any] | None) -> int:
+def _reconcile(catalog: Catalog, marker: ExportMarker | None) -> int:
     """Make the catalog agree with the published dataset (a crash can fall between publish and catalog)."""
     if not marker:
         return 0
-    published = {e["episode_id"]: e["dataset_index"] for e in marker.get("episodes", [])}
-    pending = {r.episode_id: published[r.episode_id] for r in catalog.attempts(("committed",))
+    published = marker.dataset_indices()
+    pending = {r.episode_id: published[r.episode_id] for r in catalog.attempts((AttemptState.COMMITTED,))
                if r.episode_id in published}
     if pending:
         catalog.mark_exported(pending)
@@ -276,21 +157,6 @@ def _load_episodes(catalog: Catalog, staging: StagingStore,
     return good, quarantined
 
 
-def _prune_versions(versions: Path, keep: int) -> None:
-    done = sorted(p for p in versions.glob("v*") if p.is_dir() and not p.name.endswith(".partial"))
-    for old in done[:-keep]:
-        shutil.rmtree(old)
-
-
-def _atomic_link(link: Path, target_name: str) -> None:
-    tmp = link.parent / f".link-{link.name}-{os.getpid()}"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    os.symlink(target_name, tmp)
-    os.replace(tmp, link)
-    fsync_dir(link.parent)
-
-
 # ------------------------------------------------------------------------------------------- writing
 def _next_file(chunk: int, file: int) -> tuple[int, int]:
     from lerobot.datasets.utils import update_chunk_file_indices
@@ -301,128 +167,87 @@ def _next_file(chunk: int, file: int) -> tuple[int, int]:
 class _VersionWriter:
     """Builds one new dataset version next to the published one."""
 
-    def __init__(self, target: Published, fingerprint: Mapping[str, Any], repo_id: str,
+    def __init__(self, target: Published, fingerprint: Fingerprint, repo_id: str,
                  pause: Callable[[str], None]) -> None:
         self.target = target
         self.fp = fingerprint
         self.repo_id = repo_id
         self.pause = pause
-        self.fps = int(fingerprint["fps"])
-        self.cameras = [(c, h, w) for c, h, w in fingerprint["cameras"]]
-        self.features = dataset_features(fingerprint, {c: _video_info(fingerprint, c, h, w)
-                                                       for c, h, w in self.cameras})
+        self.fps = int(fingerprint.fps)
+        self.cameras = fingerprint.cameras
+        self.features = dataset_features(fingerprint)
         self.new_indices: list[int] = []
 
     def write(self, episodes: list[tuple[AttemptRow, StagedEpisode]],
-              progress: Callable[[int, int], None] | None) -> tuple[str, dict[str, Any]]:
-        old = self.target.marker or {}
-        number = int(old.get("version", 0)) + 1
-        name = f"v{number:06d}"
-        build = self.target.versions / f"{name}.partial"
-        build.mkdir(parents=True)
-        if self.target.current is not None:
-            _hardlink_tree(self.target.current, build)
+              progress: Callable[[int, int], None] | None) -> tuple[str, ExportMarker]:
+        old = self.target.marker
+        number = (old.version if old else 0) + 1
+        build = start_version(self.target, number)
         self.pause("after_links")
-        first_index = int(old.get("total_episodes", 0))
-        first_frame = int(old.get("total_frames", 0))
-        tasks: dict[str, int] = dict(old.get("tasks", {}))
-        cursors = old.get("next_files", {"data": [0, 0], "meta": [0, 0], "videos": {}})
+        first_index = old.total_episodes if old else 0
+        first_frame = old.total_frames if old else 0
+        tasks: dict[str, int] = dict(old.tasks) if old else {}
         written: list[Path] = []
 
         # 1. videos: remux each camera's staged streams into this export's file(s).
         video_spans: dict[str, list[tuple[int, int, float, float]]] = {}
-        video_cursors: dict[str, list[int]] = {}
-        for camera, _h, _w in self.cameras:
-            start = cursors["videos"].get(camera, [0, 0])
-            spans, nxt, files = _write_videos(build, camera_key(camera), start, self.fps,
-                                              [ep.video[camera] for _row, ep in episodes], [r.frames for r, _ in episodes])
-            video_spans[camera], video_cursors[camera] = spans, nxt
+        video_cursors: dict[str, tuple[int, int]] = {}
+        for camera in self.cameras:
+            start = old.next_videos.get(camera.name, (0, 0)) if old else (0, 0)
+            spans, nxt, files = _write_videos(build, camera_key(camera.name), start, self.fps,
+                                              [ep.video[camera.name] for _row, ep in episodes],
+                                              [r.frames or 0 for r, _ in episodes])
+            video_spans[camera.name], video_cursors[camera.name] = spans, nxt
             written += files
         self.pause("after_videos")
 
         # 2. frame data and per-episode metadata.
-        data_rows, meta_rows, sidecar = [], [], []
+        data_rows: list[dict[str, Any]] = []
+        meta_rows: list[dict[str, Any]] = []
+        sidecar: list[dict[str, Any]] = []
         frame = first_frame
         for offset, (row, ep) in enumerate(episodes):
+            frames = row.frames or 0
             index = first_index + offset
             self.new_indices.append(index)
             record = row.record or {}
-            instruction = record.get("instruction") or self.fp["task"]
+            instruction = record.get("instruction") or self.fp.task
             task_index = tasks.setdefault(instruction, len(tasks))
             data_rows.append(_episode_frames(ep, index, frame, task_index, self.fps, record))
-            meta_rows.append({"episode_index": index, "tasks": [instruction], "length": row.frames,
-                              "dataset_from_index": frame, "dataset_to_index": frame + row.frames,
-                              **{f"videos/{camera_key(c)}/{k}": v for c, _h, _w in self.cameras
+            meta_rows.append({"episode_index": index, "tasks": [instruction], "length": frames,
+                              "dataset_from_index": frame, "dataset_to_index": frame + frames,
+                              **{f"videos/{camera_key(c.name)}/{k}": v for c in self.cameras
                                  for k, v in zip(("chunk_index", "file_index", "from_timestamp", "to_timestamp"),
-                                                 video_spans[c][offset])},
+                                                 video_spans[c.name][offset])},
                               "_stats": _episode_stats(ep, data_rows[-1], self.features, self.cameras)})
             sidecar.append({**record, "schema_version": SCHEMA_VERSION, "dataset_episode_index": index,
                             "staging_episode_id": row.episode_id, "staging_episode_index": row.episode_index,
-                            "length": row.frames, "content_hash": row.content_hash,
-                            "task_options": dict(self.fp["task_options"]), "job_seed": self.fp["seed"]})
-            frame += row.frames
+                            "length": frames, "content_hash": row.content_hash,
+                            "task_options": dict(self.fp.task_options), "job_seed": self.fp.seed})
+            frame += frames
             if progress is not None:
                 progress(offset + 1, len(episodes))
-        data_spans, data_next, files = _write_data(build, data_rows, self.features, cursors["data"])
+        data_spans, data_next, files = _write_data(build, data_rows, self.features, old.next_data if old else (0, 0))
         written += files
-        meta_next, files = _write_episode_meta(build, meta_rows, data_spans, cursors["meta"])
+        meta_next, files = _write_episode_meta(build, meta_rows, data_spans, old.next_meta if old else (0, 0))
         written += files
         self.pause("after_data")
 
         # 3. small metadata, rewritten whole: tasks, stats, info, sidecar, marker (last).
         written += _write_tasks(build, tasks)
-        stats = _aggregate_stats(build, [m["_stats"] for m in meta_rows], bool(old))
+        stats = _aggregate_stats(build, [m["_stats"] for m in meta_rows], old is not None)
         written.append(stats)
         total_episodes, total_frames = first_index + len(episodes), frame
-        written.append(_write_info(build, self.features, self.fps, total_episodes, total_frames, len(tasks),
-                                   self.fp))
-        written.append(_append_jsonl(build / SIDECAR, sidecar))
-        marker = {"format": EXPORT_FORMAT, "writer": "demoforge", "version": number, "repo_id": self.repo_id,
-                  "schema": schema_identity(self.fp), "total_episodes": total_episodes, "total_frames": total_frames,
-                  "tasks": tasks, "next_files": {"data": list(data_next), "meta": list(meta_next),
-                                                 "videos": {c: list(v) for c, v in video_cursors.items()}},
-                  "episodes": [*old.get("episodes", []),
-                               *({"episode_id": r.episode_id, "dataset_index": i}
-                                 for (r, _), i in zip(episodes, self.new_indices))]}
-        written.append(_write_json(build / MARKER, marker))
-        self.pause("before_fsync")
-        for path in written:
-            fsync_file(path)
-        for dirpath, _dirs, _files in os.walk(build):
-            fsync_dir(Path(dirpath))
-        final = self.target.versions / name
-        os.rename(build, final)
-        fsync_dir(self.target.versions)
-        self.pause("before_publish")
-        _atomic_link(self.target.root, os.path.relpath(final, self.target.root.parent))
-        return name, marker
-
-
-def _hardlink_tree(src: Path, dst: Path) -> None:
-    for dirpath, _dirs, files in os.walk(src):
-        rel = Path(dirpath).relative_to(src)
-        (dst / rel).mkdir(parents=True, exist_ok=True)
-        for name in files:
-            os.link(Path(dirpath) / name, dst / rel / name)
-
-
-def _replace_file(path: Path, data: bytes) -> Path:
-    """Write a file that may be a hard link shared with the published version: never write through it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-    return path
-
-
-def _write_json(path: Path, obj: Any) -> Path:
-    return _replace_file(path, (json.dumps(obj, indent=2, allow_nan=False) + "\n").encode())
-
-
-def _append_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
-    old = path.read_bytes() if path.exists() else b""
-    new = "".join(json.dumps(r, allow_nan=False, sort_keys=True) + "\n" for r in rows).encode()
-    return _replace_file(path, old + new)
+        written.append(_write_info(build, self.features, self.fps, total_episodes, total_frames, len(tasks)))
+        written.append(append_jsonl(build / SIDECAR, sidecar))
+        marker = ExportMarker(version=number, repo_id=self.repo_id, schema=schema_identity(self.fp),
+                              total_episodes=total_episodes, total_frames=total_frames, tasks=tasks,
+                              next_data=data_next, next_meta=meta_next, next_videos=video_cursors,
+                              episodes=(*(old.episodes if old else ()),
+                                        *(PublishedEpisode(r.episode_id, i)
+                                          for (r, _), i in zip(episodes, self.new_indices))))
+        written.append(write_json(build / MARKER, marker.to_json()))
+        return publish_version(self.target, build, written, self.pause), marker
 
 
 def _write_videos(build: Path, key: str, start: Sequence[int], fps: int, streams: Sequence[bytes],
@@ -489,7 +314,7 @@ def _episode_frames(ep: StagedEpisode, index: int, first_frame: int, task_index:
     cols["action"] = ep.action.astype(np.float32)
     cols["next.reward"] = ep.reward.astype(np.float32)
     for i, key in enumerate(ANNOTATION_KEYS):
-        cols[f"annotation.{key}"] = ep.annotations[:, i].astype(np.int64)
+        cols[annotation_key(key)] = ep.annotations[:, i].astype(np.int64)
     subtasks = [{"role": "assistant", "content": s.get("instruction") or s["name"], "style": "subtask",
                  "timestamp": float(np.float32(s["start_step"] / fps)), "camera": None, "tool_calls": None}
                 for s in record.get("segments", [])]
@@ -589,7 +414,7 @@ def _write_episode_meta(build: Path, rows: Sequence[dict[str, Any]], data_spans:
 
 
 def _episode_stats(ep: StagedEpisode, frames: Mapping[str, Any], features: Mapping[str, dict],
-                   cameras: Sequence[tuple[str, int, int]]) -> dict[str, dict[str, np.ndarray]]:
+                   cameras: Sequence[CameraSpec]) -> dict[str, dict[str, np.ndarray]]:
     """Per-episode stats through lerobot's own helpers; camera stats from a sample of decoded frames."""
     from lerobot.datasets.compute_stats import (
         auto_downsample_height_width,
@@ -603,25 +428,17 @@ def _episode_stats(ep: StagedEpisode, frames: Mapping[str, Any], features: Mappi
     numeric = {k: v.reshape(len(v)) if features[k]["shape"] == [1] else v for k, v in numeric.items()}
     stats = compute_episode_stats(numeric, {k: {**features[k], "shape": tuple(features[k]["shape"])}
                                             for k in numeric})
-    for camera, _h, _w in cameras:
-        decoded = _decode_sampled(ep.video[camera], sample_indices(len(ep.action)))
+    for camera in cameras:
+        wanted = sample_indices(len(ep.action))
+        found = decode_indices(ep.video[camera.name], wanted)
+        decoded = [found[int(i)] for i in sorted(set(int(i) for i in wanted)) if int(i) in found]
         # Stride to ~64 px (LeRobot strides to ~150 px): pixel statistics barely move, and image stats were 95%
         # of export time at 224x224 (tools/bench_export.py).
         images = np.stack([auto_downsample_height_width(img.transpose(2, 0, 1), target_size=STATS_IMAGE_PX,
                                                         max_size_threshold=2 * STATS_IMAGE_PX) for img in decoded])
         per = get_feature_stats(images, axis=(0, 2, 3), keepdims=True)
-        stats[camera_key(camera)] = {k: v if k == "count" else np.squeeze(v / 255.0, axis=0) for k, v in per.items()}
+        stats[camera_key(camera.name)] = {k: v if k == "count" else np.squeeze(v / 255.0, axis=0) for k, v in per.items()}
     return stats
-
-
-def _decode_sampled(data: bytes, indices: Sequence[int]) -> list[np.ndarray]:
-    wanted = set(int(i) for i in indices)
-    out: list[np.ndarray] = []
-    with av.open(io.BytesIO(data)) as container:
-        for i, frame in enumerate(container.decode(container.streams.video[0])):
-            if i in wanted:
-                out.append(frame.to_ndarray(format="rgb24"))
-    return out
 
 
 def _aggregate_stats(build: Path, new: Sequence[Mapping[str, Mapping[str, np.ndarray]]], has_old: bool) -> Path:
@@ -636,8 +453,7 @@ def _aggregate_stats(build: Path, new: Sequence[Mapping[str, Mapping[str, np.nda
             parts.insert(0, old)
     stats = aggregate_stats(parts)
     path = build / STATS_PATH
-    if path.exists():
-        path.unlink()  # a hard link to the published version: replace, never write through
+    unlink_shared(path)  # a hard link to the published version: replace, never write through
     write_stats(stats, build)
     return path
 
@@ -647,21 +463,20 @@ def _write_tasks(build: Path, tasks: Mapping[str, int]) -> list[Path]:
     from lerobot.datasets.utils import DEFAULT_TASKS_PATH
 
     path = build / DEFAULT_TASKS_PATH
-    if path.exists():
-        path.unlink()
+    unlink_shared(path)
     df = pd.DataFrame({"task_index": list(tasks.values())}, index=pd.Index(list(tasks.keys()), name="task"))
     path.parent.mkdir(parents=True, exist_ok=True)
     df.to_parquet(path)
     return [path]
 
 
-def _write_info(build: Path, features: Mapping[str, dict], fps: int, episodes: int, frames: int, tasks: int,
-                fp: Mapping[str, Any]) -> Path:
+def _write_info(build: Path, features: Mapping[str, dict], fps: int, episodes: int, frames: int, tasks: int
+                ) -> Path:
     from lerobot.datasets.utils import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH, INFO_PATH
 
     info = {"codebase_version": CODEBASE_VERSION, "fps": fps, "features": features, "total_episodes": episodes,
             "total_frames": frames, "total_tasks": tasks, "chunks_size": CHUNKS_SIZE,
             "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": VIDEO_FILE_MB,
             "data_path": DEFAULT_DATA_PATH, "video_path": DEFAULT_VIDEO_PATH,
-            "robot_type": fp.get("robot_type"), "splits": {"train": f"0:{episodes}"}}
-    return _write_json(build / INFO_PATH, info)
+            "robot_type": None, "splits": {"train": f"0:{episodes}"}}
+    return write_json(build / INFO_PATH, info)

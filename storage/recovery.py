@@ -13,7 +13,8 @@ import shutil
 from dataclasses import dataclass, field
 
 from demoforge.storage.catalog import Catalog
-from demoforge.storage.staging import StagingStore, fsync_dir
+from demoforge.storage.schema import AttemptState
+from demoforge.storage.staging import EPISODES_DIR, StagingStore, fsync_dir
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class RecoveryReport:
 
 def recover(catalog: Catalog, staging: StagingStore) -> RecoveryReport:
     report = RecoveryReport()
-    for row in catalog.attempts(("staging",)):
+    for row in catalog.attempts((AttemptState.STAGING,)):
         catalog.discard(row.episode_id, reason="interrupted: the run died before this attempt ended",
                         terminal_reason="interrupted", counted=False)
         staging.delete_episode(row.episode_id)
@@ -52,5 +53,5 @@ def recover(catalog: Catalog, staging: StagingStore) -> RecoveryReport:
         catalog.log_recovery("remove_partial", str(path.relative_to(staging.path)))
         report.partial_files.append(str(path.relative_to(staging.path)))
     if report.orphan_dirs:
-        fsync_dir(staging.path / "episodes")
+        fsync_dir(staging.path / EPISODES_DIR)
     return report

@@ -30,16 +30,33 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
 from demoforge.pipeline.contract import ANNOTATION_KEYS
+from demoforge.storage.errors import ReadOnlyError
+from demoforge.storage.schema import CameraSpec, Fingerprint
 
 MAX_FRAMES = 1 << 31  # the nominal shape; only written chunks exist on disk
 MAX_VIDEO_BYTES = 1 << 46
 VIDEO_CHUNK_BYTES = 1 << 20
 STAGING_DIR = "staging.zarr"
+EPISODES_DIR = "episodes"  # under STAGING_DIR: one folder per staged attempt
 EPISODE_ID = re.compile(r"ep[0-9]{8,}-a[0-9]{2,}")  # pipeline.records.AttemptKey.episode_id
 
 
 class StagingCorruptError(Exception):
     """A staged chunk failed its checksum, is missing, or disagrees with the catalog's counts."""
+
+
+def staged_episode_path(store_dir: Path, episode_id: str) -> Path:
+    """The folder of one staged attempt. Ids come from the catalog; a tampered row must never turn a delete
+    or a read into one outside the store."""
+    if not isinstance(episode_id, str) or not EPISODE_ID.fullmatch(episode_id):
+        raise StagingCorruptError(f"unsafe episode id {episode_id!r} in the catalog (expected epNNNNNNNN-aNN)")
+    return Path(store_dir) / STAGING_DIR / EPISODES_DIR / episode_id
+
+
+def staged_episode_ids(store_dir: Path) -> list[str]:
+    """Every staged attempt folder on disk, whatever its catalog state (recovery and audits)."""
+    base = Path(store_dir) / STAGING_DIR / EPISODES_DIR
+    return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.exists() else []
 
 
 @dataclass(frozen=True)
@@ -48,8 +65,17 @@ class EpisodeLayout:
 
     state_shapes: Mapping[str, tuple[int, ...]]
     action_shape: tuple[int, ...]
-    cameras: tuple[str, ...]
+    cameras: tuple[CameraSpec, ...]
     chunk_frames: int = 64
+
+    @classmethod
+    def from_fingerprint(cls, fingerprint: Fingerprint) -> EpisodeLayout:
+        return cls(state_shapes=fingerprint.state_shapes, action_shape=fingerprint.action_shape,
+                   cameras=fingerprint.cameras, chunk_frames=fingerprint.chunk_frames)
+
+    @property
+    def camera_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.cameras)
 
 
 # zarr skips writing a chunk whose values all equal the fill value; a committed chunk of all-zero rewards
@@ -116,7 +142,7 @@ class EpisodeWriter:
         self.path = path
         self.episode_id = episode_id
         self.layout = layout
-        group = root.require_group(f"episodes/{episode_id}")
+        group = root.require_group(f"{EPISODES_DIR}/{episode_id}")
         c = layout.chunk_frames
         self._numeric: dict[str, _ChunkBuffer] = {}
 
@@ -131,7 +157,7 @@ class EpisodeWriter:
         numeric("reward", (), "float32")
         numeric("annotations", (len(ANNOTATION_KEYS),), "int32")
         self._video: dict[str, _ByteStream] = {}
-        for camera in layout.cameras:
+        for camera in layout.camera_names:
             arr = group.create_array(f"video/{camera}", shape=(MAX_VIDEO_BYTES,), chunks=(VIDEO_CHUNK_BYTES,),
                                      dtype="uint8", fill_value=0, compressors=[Crc32cCodec()],
                                      serializer=BytesCodec(), config=_WRITE_EVERY_CHUNK)
@@ -208,26 +234,35 @@ def combine_digests(digests: Mapping[str, str]) -> str:
 
 
 class StagingStore:
-    """The Zarr staging area of one job store."""
+    """The Zarr staging area of one job store. ``read_only``: a reader's view, which creates nothing and
+    refuses every write with :class:`ReadOnlyError` (committed episodes are read with their catalog counts)."""
 
-    def __init__(self, store_dir: Path, layout: EpisodeLayout) -> None:
-        self.path = Path(store_dir) / STAGING_DIR
+    def __init__(self, store_dir: Path, layout: EpisodeLayout, *, read_only: bool = False) -> None:
+        self.store_dir = Path(store_dir)
+        self.path = self.store_dir / STAGING_DIR
         self.layout = layout
-        self.root = zarr.open_group(str(self.path), mode="a")
-        self.root.require_group("episodes")
+        self.read_only = read_only
+        self._root: zarr.Group | None = None
+        if not read_only:
+            self._root = zarr.open_group(str(self.path), mode="a")
+            self._root.require_group(EPISODES_DIR)
+
+    def _writable(self, operation: str) -> zarr.Group:
+        if self._root is None:
+            raise ReadOnlyError(operation, f"the staging area {self.path}")
+        return self._root
 
     def episode_path(self, episode_id: str) -> Path:
-        # Ids come from the catalog; a tampered row must never turn a delete or a read into one outside.
-        if not isinstance(episode_id, str) or not EPISODE_ID.fullmatch(episode_id):
-            raise StagingCorruptError(f"unsafe episode id {episode_id!r} in the catalog (expected epNNNNNNNN-aNN)")
-        return self.path / "episodes" / episode_id
+        return staged_episode_path(self.store_dir, episode_id)
 
     def open_episode(self, episode_id: str) -> EpisodeWriter:
+        root = self._writable(f"stage episode {episode_id}")
         if self.episode_path(episode_id).exists():
             raise FileExistsError(f"staged data for {episode_id} already exists at {self.episode_path(episode_id)}")
-        return EpisodeWriter(self.root, self.episode_path(episode_id), episode_id, self.layout)
+        return EpisodeWriter(root, self.episode_path(episode_id), episode_id, self.layout)
 
     def delete_episode(self, episode_id: str) -> bool:
+        self._writable(f"delete episode {episode_id}")
         path = self.episode_path(episode_id)
         if not path.exists():
             return False
@@ -236,11 +271,11 @@ class StagingStore:
         return True
 
     def episode_ids(self) -> list[str]:
-        base = self.path / "episodes"
-        return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.exists() else []
+        return staged_episode_ids(self.store_dir)
 
     def make_durable(self, episode_id: str) -> None:
         """fsync every file and directory of the episode, then its parents (zarr itself never fsyncs)."""
+        self._writable(f"make episode {episode_id} durable")
         path = self.episode_path(episode_id)
         for dirpath, _dirnames, filenames in os.walk(path):
             for name in filenames:
@@ -257,7 +292,7 @@ class StagingStore:
             action = np.asarray(group["action"][:frames])
             reward = np.asarray(group["reward"][:frames])
             annotations = np.asarray(group["annotations"][:frames])
-            video = {c: np.asarray(group[f"video/{c}"][:video_bytes[c]]).tobytes() for c in self.layout.cameras}
+            video = {c: np.asarray(group[f"video/{c}"][:video_bytes[c]]).tobytes() for c in self.layout.camera_names}
         except (ValueError, KeyError, FileNotFoundError, OSError) as exc:
             raise StagingCorruptError(f"episode {episode_id}: {type(exc).__name__}: {exc}") from exc
         self._check_chunks_exist(episode_id, frames, video_bytes)

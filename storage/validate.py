@@ -16,7 +16,8 @@ import av
 import numpy as np
 
 from demoforge.pipeline.contract import ANNOTATION_KEYS
-from demoforge.storage.lerobot_export import SIDECAR
+from demoforge.storage.lerobot_format import INFO, SIDECAR, read_sidecar
+from demoforge.storage.video import count_frames
 
 VALID, MISMATCH, UNLOADABLE = 0, 1, 2
 
@@ -63,7 +64,7 @@ def validate_dataset(root: Path | str, *, expect_segments: int | None = None, vi
     root = Path(root)
     report = ValidationReport(dataset=str(root))
     try:
-        info = json.loads((root / "meta" / "info.json").read_text())
+        info = json.loads((root / INFO).read_text())
         data = _read_table(root, "data/*/*.parquet").to_pandas()
         episodes = _read_table(root, "meta/episodes/*/*.parquet").to_pandas()
     except Exception as exc:  # unreadable files are "cannot load"
@@ -144,7 +145,7 @@ def _check_sidecar(report: ValidationReport, root: Path, data, episodes, fps: in
     if not path.exists():
         report.problem(f"{SIDECAR} is missing")
         return
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = read_sidecar(root)
     by_index = {r["dataset_episode_index"]: r for r in records}
     if sorted(by_index) != sorted(int(e) for e in episodes["episode_index"]) or len(records) != len(episodes):
         report.problem(f"the sidecar lists {len(records)} episodes, the dataset holds {len(episodes)}")
@@ -181,8 +182,7 @@ def _check_videos(report: ValidationReport, root: Path, info: dict, episodes, fp
         for (chunk, file), expected in files.items():
             path = root / DEFAULT_VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
             try:
-                with av.open(str(path)) as container:
-                    count = sum(1 for p in container.demux(container.streams.video[0]) if p.size)
+                count = count_frames(path)
             except (FileNotFoundError, av.FFmpegError) as exc:
                 report.problem(f"{path.relative_to(root)}: cannot read: {exc}")
                 continue

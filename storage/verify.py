@@ -1,11 +1,12 @@
 """Re-read committed episodes and check them against the catalog: chunk checksums, counts, content hashes.
 
 An episode that fails is quarantined (never exported) when ``quarantine`` is set; the report says why.
+Quarantining writes the catalog: open the store with ``open_store_updater`` for that, or
+``open_store_reader`` to report only.
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 
 import av
@@ -14,6 +15,7 @@ import numpy as np
 from demoforge.pipeline.contract import ANNOTATION_KEYS
 from demoforge.storage.catalog import AttemptRow, Catalog
 from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore
+from demoforge.storage.video import count_frames
 
 
 @dataclass(frozen=True)
@@ -33,11 +35,6 @@ class VerifyReport:
         return not self.problems
 
 
-def count_video_frames(data: bytes) -> int:
-    with av.open(io.BytesIO(data), mode="r") as container:
-        return sum(1 for _ in container.demux(container.streams.video[0]) if _.size)
-
-
 def check_episode(staging: StagingStore, row: AttemptRow, *, decode: bool = True) -> StagedEpisode:
     """Read one committed episode back and raise :class:`StagingCorruptError` on any disagreement."""
     if row.frames is None or row.content_hash is None:
@@ -51,7 +48,7 @@ def check_episode(staging: StagingStore, row: AttemptRow, *, decode: bool = True
         raise StagingCorruptError(f"episode {row.episode_id}: annotations do not count 0..{row.frames - 1}")
     if decode:
         for camera, data in staged.video.items():
-            n = count_video_frames(data)
+            n = count_frames(data)
             if n != row.frames:
                 raise StagingCorruptError(f"episode {row.episode_id}: camera {camera!r} holds {n} frames, "
                                           f"the catalog says {row.frames}")

@@ -46,15 +46,12 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def committed_files(store: Path) -> dict[str, dict[str, bytes]]:
     """Every file of every committed episode's staged folder, by episode id (for byte-identity checks)."""
-    from demoforge.storage.catalog import Catalog
+    from demoforge.storage.reader import open_store_reader
 
-    catalog = Catalog(store)
-    try:
-        ids = [r.episode_id for r in catalog.committed()]
-    finally:
-        catalog.close()
     out: dict[str, dict[str, bytes]] = {}
-    for episode_id in ids:
-        base = store / "staging.zarr" / "episodes" / episode_id
+    with open_store_reader(store) as view:
+        _fingerprint, staging = view.require_job()
+        bases = {r.episode_id: staging.episode_path(r.episode_id) for r in view.catalog.committed()}
+    for episode_id, base in bases.items():
         out[episode_id] = {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
     return out

@@ -1,6 +1,7 @@
 """The `tasks` and `run` commands as a user runs them."""
 
 import json
+import re
 
 import pytest
 
@@ -16,9 +17,15 @@ def test_tasks_lists_both_builtin_tasks_with_their_shapes():
     assert tasks["fetch-pick-place"]["segments"][:5] == ["reach_0", "descend_0", "grasp_0", "carry_0", "release_0"]
     assert tasks["aloha-transfer-cube"]["cameras"] == {"top": [224, 224, 3]}
     assert tasks["aloha-transfer-cube"]["action_shape"] == [14]
-    human = run_cli("tasks")
-    assert "fetch-pick-place" in human.stdout.replace("\n", "").replace("│", "").replace(" ", "") or \
-        "fetch-pick" in human.stdout
+    # The table a person reads: one row per task with its rate, cameras and action shape; columns are
+    # separated by at least two spaces (a camera cell has one inside).
+    human = run_cli("tasks", COLUMNS="400")
+    assert human.returncode == 0, human.stderr
+    rows = {cells[0]: cells[1:4] for line in human.stdout.splitlines()
+            if len(cells := re.split(r"\s{2,}", line.strip())) > 4}
+    assert rows["fetch-pick-place"] == ["25", "front 224x224", "(4,)"]
+    assert rows["aloha-transfer-cube"] == ["50", "top 224x224", "(14,)"]
+    assert rows["toy-point"] == ["10", "cam 32x32", "(1,)"]  # a plugin task (DEMOFORGE_TASK_MODULES) is listed too
 
 
 @pytest.mark.slow

@@ -16,10 +16,8 @@ import torch
 import toy_tasks  # noqa: F401
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
-from demoforge.storage.catalog import Catalog
+from demoforge.storage.reader import open_store_reader
 from demoforge.storage.lerobot_export import NotOurDatasetError, SchemaMismatchError, ExportError, export_store
-from demoforge.storage.staging import StagingStore
-from demoforge.storage.store import layout_from_fingerprint
 from demoforge.storage.validate import validate_dataset
 from helpers import cli_env, decode_frames, demoforge_argv, psnr, run_cli
 
@@ -47,12 +45,10 @@ def tree_digest(root):
 
 
 def staged_rows(store):
-    catalog = Catalog(store)
-    staging = StagingStore(store, layout_from_fingerprint(catalog.fingerprint()))
-    rows = catalog.attempts(("committed", "exported"))
-    episodes = [(r, staging.read_episode(r.episode_id, r.frames, r.video_bytes)) for r in rows]
-    catalog.close()
-    return episodes
+    with open_store_reader(store) as view:
+        _fingerprint, staging = view.require_job()
+        rows = view.catalog.attempts(("committed", "exported"))
+        return [(r, staging.read_episode(r.episode_id, r.frames, r.video_bytes)) for r in rows]
 
 
 @pytest.mark.parametrize("backend", ["pyav", "torchcodec"])
@@ -143,7 +139,7 @@ def test_two_exports_append_and_a_third_changes_nothing(tmp_path):
     assert [r["dataset_episode_index"] for r in sidecar] == list(range(10))
     assert [r["staging_episode_index"] for r in sidecar] == list(range(10))
     assert all(r["success"] and r["schema_version"] == 1 for r in sidecar)
-    catalog = Catalog(store)
+    catalog = open_store_reader(store).catalog
     assert [r.dataset_index for r in catalog.attempts(("exported",))] == list(range(10))
     catalog.close()
 
@@ -205,7 +201,7 @@ def test_foreign_and_mismatched_targets_are_refused_untouched(tmp_path):
     with pytest.raises(SchemaMismatchError, match="cameras"):
         export_store(store2, out)
     assert tree_digest(out) == before
-    catalog = Catalog(store2)
+    catalog = open_store_reader(store2).catalog
     assert [r.state for r in catalog.attempts()] == ["committed"]  # staging untouched
     catalog.close()
 
@@ -230,7 +226,7 @@ def test_unwritable_or_full_target_is_a_clear_error_and_changes_nothing(tmp_path
         export_store(store, out)
     monkeypatch.undo()
     assert tree_digest(out) == before and load(out).num_episodes == 2
-    catalog = Catalog(store)
+    catalog = open_store_reader(store).catalog
     assert sorted(r.state for r in catalog.attempts()) == ["committed", "exported", "exported"]
     catalog.close()
     assert export_store(store, out).total_episodes == 3  # the next export completes it

@@ -16,10 +16,9 @@ from demoforge.pipeline.contract import RecordedObservation
 from demoforge.pipeline.executor import derive_seed
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
-from demoforge.pipeline.tasks.registry import TaskEntry, register
+from demoforge.pipeline.tasks.registry import TaskEntry, registered
 from demoforge.storage.catalog import Catalog
-from demoforge.storage.staging import StagingStore
-from demoforge.storage.store import layout_from_fingerprint
+from demoforge.storage.reader import open_store_reader
 from demoforge.storage.verify import verify_store
 from helpers import committed_files
 
@@ -43,18 +42,19 @@ class NaNObservationEnv(toy_tasks.CameraPointEnv):
         return rec
 
 
-register(TaskEntry(name="toy-hang", defaults=toy_tasks.DEFAULTS, describe=toy_tasks._info,
-                   make_env=lambda o: HangingEnv(dict(o))))
-register(TaskEntry(name="toy-nan", defaults=toy_tasks.DEFAULTS, describe=toy_tasks._info,
-                   make_env=lambda o: NaNObservationEnv(dict(o))))
+@pytest.fixture(scope="module", autouse=True)
+def fault_tasks():
+    """toy-hang and toy-nan, registered while this module's tests run."""
+    with registered(TaskEntry(name="toy-hang", defaults=toy_tasks.DEFAULTS, describe=toy_tasks.describe,
+                              make_env=lambda o: HangingEnv(dict(o))),
+                    TaskEntry(name="toy-nan", defaults=toy_tasks.DEFAULTS, describe=toy_tasks.describe,
+                              make_env=lambda o: NaNObservationEnv(dict(o)))) as entries:
+        yield entries
 
 
 def rows(store):
-    catalog = Catalog(store)
-    try:
-        return catalog.attempts()
-    finally:
-        catalog.close()
+    with open_store_reader(store) as view:
+        return view.catalog.attempts()
 
 
 def test_a_hanging_env_times_out_and_the_episode_is_retried_on_a_fresh_worker(tmp_path):
@@ -107,7 +107,6 @@ def test_catalog_killed_mid_transaction_rolls_back_and_recovery_cleans(tmp_path)
     assert report.recovery.interrupted == ["ep00000002-a00"] and report.committed_total == 3
     after = committed_files(store)
     assert all(after[k] == v for k, v in before.items())
-    catalog = Catalog(store)
-    staging = StagingStore(store, layout_from_fingerprint(catalog.fingerprint()))
-    assert verify_store(catalog, staging).ok
-    catalog.close()
+    with open_store_reader(store) as view:
+        _fingerprint, staging = view.require_job()
+        assert verify_store(view.catalog, staging).ok

@@ -159,9 +159,10 @@ def test_oversized_task_descriptions_are_refused(kw, message):
         check_task_info(info(**kw))
 
 
-def test_safe_names_pass():
-    assert check_task_info(info(cameras=(CameraSpec("wrist_cam.left-1", 32, 32),),
-                                state_shapes={"observation.state": (2,), "observation.goal": (3,)}))
+@pytest.mark.parametrize("name", ["wrist_cam.left-1", "_cam", "9", "a" * 64, "cam.v2", "UPPER_case"])
+def test_safe_names_pass(name):
+    described = info(cameras=(CameraSpec(name, 32, 32),), state_shapes={"observation.state": (2,), name: (3,)})
+    assert check_task_info(described) is described  # accepted as declared, nothing renamed or dropped
 
 
 def test_a_task_declaring_an_unsafe_camera_is_refused_before_anything_is_built(tmp_path):
@@ -213,7 +214,8 @@ def test_generate_with_a_path_like_task_name_is_refused(work, task):
 
 
 def test_huge_requested_sizes_are_refused_before_allocating(work):
-    started = time.monotonic()
+    # Refused by the size checks (exit 2 naming the limit, no traceback, nothing written): an allocation of
+    # 100000000^2 pixels would have ended in a MemoryError traceback instead.
     # the toy task has no option check of its own: the job limits refuse it
     refused(work, "generate", *TOY, "--option", "size=100000000", "--store", "store",
             match="the job limit is 1..4096 pixels a side")
@@ -222,7 +224,6 @@ def test_huge_requested_sizes_are_refused_before_allocating(work):
     refused(work, "generate", "--task", "fetch-pick-place", "--episodes", "1", "--option", "image_size=100000000",
             "--store", "store", match="must be in 32..1024")
     refused(work, "generate", *TOY[:2], "--episodes", "100000000", "--store", "store", match="episodes must be")
-    assert time.monotonic() - started < 120
 
 
 def test_store_paths_that_are_too_long_are_refused_without_creating_parents(work):

@@ -153,8 +153,8 @@ def test_an_altered_action_in_an_exported_dataset_diverges_at_that_frame(fetch_s
 def test_an_altered_state_frame_that_verify_accepts_diverges_at_that_frame(fetch_store, tmp_path):
     import zarr
 
-    from demoforge.storage.staging import StagingStore
-    from demoforge.storage.store import layout_from_fingerprint
+    from demoforge.storage.schema import Fingerprint
+    from demoforge.storage.staging import EpisodeLayout, StagingStore
 
     store = tmp_path / "store"
     shutil.copytree(fetch_store, store)
@@ -165,10 +165,10 @@ def test_an_altered_state_frame_that_verify_accepts_diverges_at_that_frame(fetch
     array[frame, element] = array[frame, element] + np.float32(0.01)  # zarr rewrites the chunk and its crc32c
     # Recompute the content hash the catalog keeps, so nothing but a replay can tell.
     db = sqlite3.connect(store / "catalog.sqlite")
-    fingerprint = json.loads(db.execute("SELECT value FROM meta WHERE key = 'fingerprint'").fetchone()[0])
+    fingerprint = Fingerprint.from_json(db.execute("SELECT value FROM meta WHERE key = 'fingerprint'").fetchone()[0])
     frames, video_bytes = db.execute("SELECT frames, video_bytes FROM attempts WHERE episode_id = ?",
                                      (episode_id,)).fetchone()
-    staged = StagingStore(store, layout_from_fingerprint(fingerprint)).read_episode(
+    staged = StagingStore(store, EpisodeLayout.from_fingerprint(fingerprint), read_only=True).read_episode(
         episode_id, frames, json.loads(video_bytes))
     db.execute("UPDATE attempts SET content_hash = ? WHERE episode_id = ?", (staged.content_hash(), episode_id))
     db.commit()
@@ -208,8 +208,8 @@ def test_a_plugin_task_replays_the_same_way_and_a_missing_plugin_cannot_run(toy_
     code, report, err = replay(toy_store, DEMOFORGE_TASK_MODULES="")
     assert code == 2 and report is None
     assert "task 'toy-point'" in err and "DEMOFORGE_TASK_MODULES" in err
-    code, report, err = replay(toy_store, DEMOFORGE_TASK_MODULES="toy_tasks,no_such_plugin_module")
-    assert code == 2 and "no_such_plugin_module" in err
+    code, report, err = replay(toy_store, DEMOFORGE_TASK_MODULES="no_such_plugin_module")
+    assert code == 2 and "task 'toy-point'" in err and "no_such_plugin_module" in err
 
 
 def test_other_library_versions_are_reported(toy_store, tmp_path):

@@ -50,7 +50,7 @@ class CameraPointEnv(PointEnv):
 DEFAULTS = {"steps": 20, "size": 32, "step_sleep": 0.0, "fail_every": 0}
 
 
-def _info(options) -> TaskInfo:
+def describe(options) -> TaskInfo:
     steps = int(options["steps"])
     return TaskInfo(name="toy-point", description="a point on a line with a gradient camera",
                     instruction="walk forward, then back", fps=10, action_shape=(1,),
@@ -59,7 +59,7 @@ def _info(options) -> TaskInfo:
                     segment_names=("approach", "retreat") if steps > 1 else ("approach",), options=options)
 
 
-register(TaskEntry(name="toy-point", defaults=DEFAULTS, describe=_info, make_env=lambda o: CameraPointEnv(dict(o))))
+register(TaskEntry(name="toy-point", defaults=DEFAULTS, describe=describe, make_env=lambda o: CameraPointEnv(dict(o))))
 
 
 class NoisyPointEnv(CameraPointEnv):
@@ -71,5 +71,5 @@ class NoisyPointEnv(CameraPointEnv):
         return self._obs(), float(self.x), terminated, truncated, info
 
 
-register(TaskEntry(name="toy-noisy", defaults=DEFAULTS, describe=lambda o: replace(_info(o), name="toy-noisy"),
+register(TaskEntry(name="toy-noisy", defaults=DEFAULTS, describe=lambda o: replace(describe(o), name="toy-noisy"),
                    make_env=lambda o: NoisyPointEnv(dict(o))))

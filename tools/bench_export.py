@@ -27,27 +27,19 @@ import numpy as np  # noqa: E402
 import toy_tasks  # noqa: E402,F401
 from demoforge.pipeline.job import JobSpec, VideoSettings  # noqa: E402
 from demoforge.pipeline.runner import run_job  # noqa: E402
-from demoforge.storage.catalog import Catalog  # noqa: E402
 from demoforge.storage.lerobot_export import export_store  # noqa: E402
-from demoforge.storage.staging import StagingStore  # noqa: E402
-from demoforge.storage.store import layout_from_fingerprint  # noqa: E402
-from demoforge.storage.verify import count_video_frames  # noqa: E402
+from demoforge.storage.reader import open_store_reader  # noqa: E402
+from demoforge.storage.video import count_frames as count_video_frames  # noqa: E402
+from demoforge.storage.video import decode_frames  # noqa: E402
 
 
 def staged_frames(store: Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    import io
-
-    import av
-
-    catalog = Catalog(store)
-    staging = StagingStore(store, layout_from_fingerprint(catalog.fingerprint()))
     out = []
-    for row in catalog.attempts(("committed", "exported")):
-        ep = staging.read_episode(row.episode_id, row.frames, row.video_bytes)
-        with av.open(io.BytesIO(ep.video["cam"])) as c:
-            images = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])])
-        out.append((ep.state["observation.state"], ep.action, images))
-    catalog.close()
+    with open_store_reader(store) as view:
+        _fingerprint, staging = view.require_job()
+        for row in view.catalog.committed():
+            ep = staging.read_episode(row.episode_id, row.frames or 0, row.video_bytes)
+            out.append((ep.state["observation.state"], ep.action, decode_frames(ep.video["cam"])))
     return out
 
 

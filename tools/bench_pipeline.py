@@ -56,10 +56,9 @@ from demoforge.pipeline.records import AttemptEnded, AttemptStarted, Frame  # no
 from demoforge.pipeline.runner import run_job  # noqa: E402
 from demoforge.pipeline.tasks.registry import CameraSpec, TaskEntry, TaskInfo, get_task, register  # noqa: E402
 from demoforge.stages.encode import CameraEncoder  # noqa: E402
-from demoforge.storage.catalog import Catalog  # noqa: E402
+from demoforge.storage.reader import open_store_reader  # noqa: E402
 from demoforge.storage.staging import EpisodeLayout, StagingStore  # noqa: E402
-from demoforge.storage.store import layout_from_fingerprint  # noqa: E402
-from demoforge.storage.verify import count_video_frames  # noqa: E402
+from demoforge.storage.video import count_frames as count_video_frames  # noqa: E402
 
 FETCH = "fetch-pick-place"
 FETCH_OPTIONS = {"cycles": 1, "image_size": 224}
@@ -212,8 +211,7 @@ def bench_serial(task: str, options: Mapping[str, Any], episodes: int, settings:
     """
     entry = get_task(task)
     info = entry.info(options)
-    layout = EpisodeLayout(state_shapes=info.state_shapes, action_shape=info.action_shape,
-                           cameras=tuple(c.name for c in info.cameras))
+    layout = EpisodeLayout(state_shapes=info.state_shapes, action_shape=info.action_shape, cameras=info.cameras)
     t0 = time.perf_counter()
     staging = StagingStore(workdir, layout)
     env = entry.build(options)
@@ -371,18 +369,15 @@ def bench_demoforge_recorder(episodes: int, frames: int, settings: VideoSettings
 def count_demoforge(result: dict[str, Any]) -> dict[str, Any]:
     """What the store holds: catalog frames per episode, and the staged videos' frames (demuxed, checksummed)."""
     store = result.pop("out")
-    catalog = Catalog(store)
-    try:
-        rows = catalog.committed()
-        staging = StagingStore(store, layout_from_fingerprint(catalog.fingerprint()))
-        video_frames = {c: 0 for c in staging.layout.cameras}
+    with open_store_reader(store) as view:
+        rows = view.catalog.committed()
+        _fingerprint, staging = view.require_job()
+        video_frames = {c: 0 for c in staging.layout.camera_names}
         for row in rows:
             staged = staging.read_episode(row.episode_id, row.frames or 0, row.video_bytes)
             for cam, data in staged.video.items():
                 video_frames[cam] += count_video_frames(data)
         catalog_frames = sum(r.frames or 0 for r in rows)
-    finally:
-        catalog.close()
     shutil.rmtree(store, ignore_errors=True)
     return _with_drops(result, catalog_frames, video_frames)
 

@@ -35,7 +35,6 @@ import os
 import random
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -56,9 +55,19 @@ sys.path.insert(0, str(TESTS))
 
 import numpy as np  # noqa: E402
 
-MARKER = "meta/demoforge.json"
-SIDECAR = "meta/demoforge_episodes.jsonl"
-SMALL_META = ("meta/tasks.parquet", "meta/stats.json", "meta/info.json", SIDECAR, MARKER)  # write order
+from demoforge.storage.catalog import CATALOG_FILE  # noqa: E402
+from demoforge.storage.lerobot_format import (  # noqa: E402
+    APPEND_ONLY_FOLDERS,
+    SMALL_METADATA,
+    ExportMarker,
+    read_sidecar,
+)
+from demoforge.storage.publish import finished_versions, unfinished_leftovers, versions_dir  # noqa: E402
+from demoforge.storage.reader import open_store_reader  # noqa: E402
+from demoforge.storage.schema import READABLE_STATES, AttemptState  # noqa: E402
+from demoforge.storage.staging import staged_episode_ids, staged_episode_path  # noqa: E402
+
+SMALL_META = SMALL_METADATA  # write order
 CODEC = "h264"
 TASKS: dict[str, dict[str, Any]] = {
     # step_sleep stretches a run a little so random kills land inside generation, not only in start-up
@@ -120,28 +129,26 @@ def sha(path: Path) -> str:
 
 
 def read_rows(store: Path) -> list[dict[str, Any]] | None:
-    """The catalog's attempts, read with plain SQL (works while a writer runs; None before it exists)."""
-    path = store / "catalog.sqlite"
-    if not path.exists():
+    """The catalog's attempts in the order they were added, read through the store's read-only opener (works
+    while a writer runs; None before the catalog exists or while it cannot be read yet)."""
+    if not (store / CATALOG_FILE).exists():
         return None
-    cols = ("episode_index", "attempt", "episode_id", "state", "seed", "frames", "content_hash", "dataset_index")
     try:
-        db = sqlite3.connect(path, timeout=10)
-        try:
-            rows = db.execute(f"SELECT {', '.join(cols)} FROM attempts ORDER BY id").fetchall()
-        finally:
-            db.close()
-    except sqlite3.Error:
+        with open_store_reader(store) as view:
+            rows = sorted(view.catalog.attempts(), key=lambda r: r.row_id)
+    except Exception:  # a catalog a killed or starting process is creating right now: read it again later
         return None
-    return [dict(zip(cols, r)) for r in rows]
+    return [{"episode_index": r.episode_index, "attempt": r.attempt, "episode_id": r.episode_id, "state": r.state,
+             "seed": r.seed, "frames": r.frames, "content_hash": r.content_hash, "dataset_index": r.dataset_index}
+            for r in rows]
 
 
 def live(rows: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    return [r for r in rows or [] if r["state"] in ("committed", "exported")]
+    return [r for r in rows or [] if r["state"] in READABLE_STATES]
 
 
 def episode_dir(store: Path, episode_id: str) -> Path:
-    return store / "staging.zarr" / "episodes" / episode_id
+    return staged_episode_path(store, episode_id)
 
 
 def staged_digests(store: Path, ids) -> dict[str, dict[str, str]]:
@@ -176,10 +183,6 @@ def flushed(store: Path, episode_id: str) -> bool:
     return bool(flags.any())
 
 
-def versions_dir(out: Path) -> Path:
-    return out.parent / f"{out.name}.versions"
-
-
 def published(out: Path) -> Path | None:
     return out.resolve() if out.is_symlink() else None
 
@@ -188,10 +191,10 @@ def dataset_state(out: Path) -> dict[str, Any] | None:
     current = published(out)
     if current is None:
         return None
-    marker = json.loads((current / MARKER).read_text())
-    sidecar = [json.loads(line) for line in (current / SIDECAR).read_text().splitlines() if line.strip()]
+    marker = ExportMarker.read(current).to_json()
+    sidecar = read_sidecar(current)
     files = {str(p.relative_to(current)): sha(p) for p in sorted(current.rglob("*"))
-             if p.is_file() and str(p.relative_to(current)).startswith(("data/", "videos/", "meta/episodes/"))}
+             if p.is_file() and str(p.relative_to(current)).startswith(APPEND_ONLY_FOLDERS)}
     return {"version": current.name, "path": current, "marker": marker, "sidecar": sidecar, "files": files}
 
 
@@ -199,7 +202,7 @@ def gen_label(store: Path, target: int) -> str:
     rows = read_rows(store)
     if not rows:
         return "gen:startup"
-    staging = [r for r in rows if r["state"] == "staging"]
+    staging = [r for r in rows if r["state"] == AttemptState.STAGING]
     if any(flushed(store, r["episode_id"]) for r in staging):
         return "gen:commit-window"
     if staging:
@@ -236,12 +239,12 @@ def export_label(out: Path, store: Path, before: str | None = "?") -> str:
         if k == len(SMALL_META):
             return "export:fsync"
         return "export:metadata-writes" if k or missing else "export:data-written"
-    finals = sorted(p for p in versions.glob("v*") if p.is_dir() and not p.name.endswith(".partial"))
+    finals = finished_versions(versions)
     if finals and (current is None or finals[-1].name > current.name):
         return "export:renamed-not-published"
     if current is not None:
-        ids = {e["episode_id"] for e in json.loads((current / MARKER).read_text())["episodes"]}
-        if any(r["state"] == "committed" and r["episode_id"] in ids for r in read_rows(store) or []):
+        ids = {e.episode_id for e in ExportMarker.read(current).episodes}
+        if any(r["state"] == AttemptState.COMMITTED and r["episode_id"] in ids for r in read_rows(store) or []):
             return "export:published-catalog-pending"
     return idle
 
@@ -358,7 +361,7 @@ class Campaign:
             try:
                 if ready():
                     break
-            except (OSError, ValueError, sqlite3.Error):
+            except (OSError, ValueError):
                 pass
             time.sleep(every)
         if extra:
@@ -452,7 +455,7 @@ class Campaign:
                 if len(live(rows)) < need:
                     return False
                 return any(flushed(store, r["episode_id"]) == want_flushed
-                           for r in rows or [] if r["state"] == "staging")
+                           for r in rows or [] if r["state"] == AttemptState.STAGING)
 
             at = self.kill_when(proc, ready, every=0.02, extra=rng.uniform(0.0, 0.15 if want_flushed else 0.3))
         self.finish_child(proc)
@@ -498,24 +501,18 @@ class Campaign:
         differ = sorted(i for i in set(got) | set(self.reference) if got.get(i) != self.reference.get(i))
         if differ:
             trial.bad("matches_clean_run", f"episode indices {differ} differ from the clean run")
-        staging = [r["episode_id"] for r in rows if r["state"] == "staging"]
-        folders = {p.name for p in (store / "staging.zarr" / "episodes").iterdir() if p.is_dir()}
+        staging = [r["episode_id"] for r in rows if r["state"] == AttemptState.STAGING]
+        folders = set(staged_episode_ids(store))
         partial = [str(p) for p in store.rglob("*.partial")]
         if staging or folders != set(by_id) or partial:
             trial.bad("no_leftovers", f"staging rows {staging}, folders not committed "
                                       f"{sorted(folders - set(by_id))}, missing {sorted(set(by_id) - folders)}, "
                                       f"partial files {partial[:3]}")
-        from demoforge.storage.catalog import Catalog
-        from demoforge.storage.staging import StagingStore
-        from demoforge.storage.store import layout_from_fingerprint
         from demoforge.storage.verify import verify_store
 
-        catalog = Catalog(store)
-        try:
-            report = verify_store(catalog, StagingStore(store, layout_from_fingerprint(catalog.fingerprint())),
-                                  quarantine=False)
-        finally:
-            catalog.close()
+        with open_store_reader(store) as view:
+            _fingerprint, staged = view.require_job()
+            report = verify_store(view.catalog, staged, quarantine=False)
         if not report.ok:
             trial.bad("store_verifies", "; ".join(f"{p.episode_id}: {p.problem}" for p in report.problems)[:800])
 
@@ -524,7 +521,7 @@ class Campaign:
         rng = self.rng
         incremental = rng.random() < 0.5
         template = self.work / ("template-incremental" if incremental else "template-first")
-        for name in ("store", "dataset", "dataset.versions"):
+        for name in ("store", "dataset", versions_dir(Path("dataset")).name):
             if (template / name).exists() or (template / name).is_symlink():
                 src = template / name
                 if src.is_symlink():
@@ -544,7 +541,7 @@ class Campaign:
             at = self._export_kill_metadata(proc, out, store)
         else:
             def renamed() -> bool:
-                finals = [p for p in versions_dir(out).glob("v*") if p.is_dir() and not p.name.endswith(".partial")]
+                finals = finished_versions(versions_dir(out))
                 return any(old is None or p.name > old.name for p in finals)
 
             at = self.kill_when(proc, renamed, every=0.02, extra=rng.uniform(0.0, 2 * trial.pause))
@@ -660,7 +657,7 @@ class Campaign:
                                          f"{sorted(set(ids) - set(committed))[:4]}")
         index = {e["episode_id"]: e["dataset_index"] for e in ds["marker"]["episodes"]}
         wrong = [r["episode_id"] for r in committed.values()
-                 if r["state"] != "exported" or r["dataset_index"] != index.get(r["episode_id"])]
+                 if r["state"] != AttemptState.EXPORTED or r["dataset_index"] != index.get(r["episode_id"])]
         if wrong:
             trial.bad("export_complete", f"catalog not reconciled with the dataset for {wrong[:4]}")
         if len(ids) != self.n:
@@ -669,7 +666,7 @@ class Campaign:
             if previous is not None:
                 self._check_unaltered(trial, previous, ds)
         versions = versions_dir(out)
-        left = [p.name for p in versions.iterdir() if p.name.endswith(".partial") or p.name.startswith(".link-")]
+        left = unfinished_leftovers(versions)
         if left:
             trial.bad("no_leftovers", f"unfinished export leftovers {left}")
         from demoforge.storage.validate import validate_dataset
@@ -744,7 +741,7 @@ json = true
             def ready() -> bool:
                 rows = read_rows(store)
                 return len(live(rows)) >= need and any(
-                    flushed(store, r["episode_id"]) for r in rows or [] if r["state"] == "staging")
+                    flushed(store, r["episode_id"]) for r in rows or [] if r["state"] == AttemptState.STAGING)
 
             at = self.kill_when(proc, ready, every=0.02, extra=rng.uniform(0.0, 0.15))
         else:

@@ -8,15 +8,19 @@ need to start a simulator.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import math
 import numbers
 import os
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
+
+from demoforge.storage.schema import CameraSpec  # the one camera description (tasks, fingerprint, staging, export)
 
 
 class UnknownTaskError(KeyError):
@@ -88,13 +92,6 @@ def check_task_info(info: TaskInfo) -> TaskInfo:
 
 
 @dataclass(frozen=True)
-class CameraSpec:
-    name: str
-    height: int
-    width: int
-
-
-@dataclass(frozen=True)
 class TaskInfo:
     """What one configured task records: feature shapes, cameras, rate and segment vocabulary."""
 
@@ -155,6 +152,30 @@ _BUILTIN_MODULES = {
 }
 _REGISTRY: dict[str, TaskEntry] = {}
 DEFAULT_TASK = "fetch-pick-place"
+#: Installed packages declare tasks here: ``[project.entry-points."demoforge.tasks"] name = "pkg.mod:factory"``.
+ENTRY_POINT_GROUP = "demoforge.tasks"
+#: Comma-separated modules imported for their ``register`` calls (the older way; still supported).
+TASK_MODULES_ENV = "DEMOFORGE_TASK_MODULES"
+_SPEC = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+class TaskPluginError(UnknownTaskError):
+    """A task plugin (entry point, ``module:factory`` spec or task module) failed to load."""
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin that could not be loaded: which one, from where, and the error it raised."""
+
+    plugin: str
+    source: str
+    error: str
+
+    def __str__(self) -> str:
+        return f"task plugin {self.plugin!r} ({self.source}) failed to load: {self.error}"
+
+
+_FAILURES: dict[str, PluginFailure] = {}
 
 
 def register(entry: TaskEntry) -> TaskEntry:
@@ -166,23 +187,125 @@ def register(entry: TaskEntry) -> TaskEntry:
     return entry
 
 
-def _load_plugins() -> None:
-    """Import the modules named in ``DEMOFORGE_TASK_MODULES`` (comma-separated); they register tasks."""
-    for module in filter(None, (m.strip() for m in os.environ.get("DEMOFORGE_TASK_MODULES", "").split(","))):
-        importlib.import_module(module)
+def unregister(name: str) -> TaskEntry:
+    """Remove a registered task (its module stays imported: importing it again does not register it again)."""
+    try:
+        return _REGISTRY.pop(name)
+    except KeyError:
+        raise UnknownTaskError(f"task {name!r} is not registered") from None
+
+
+@contextmanager
+def registered(*entries: TaskEntry) -> Iterator[tuple[TaskEntry, ...]]:
+    """Register ``entries`` for the duration of a block, then remove exactly them.
+
+    For tests and for trying a task in a session: the registry is global, and a task left behind would make
+    registering it again (a second run of the same test, a re-run cell) fail as a duplicate.
+    """
+    added: list[TaskEntry] = []
+    try:
+        for entry in entries:
+            register(entry)
+            added.append(entry)
+        yield entries
+    finally:
+        for entry in reversed(added):
+            if _REGISTRY.get(entry.name) is entry:
+                del _REGISTRY[entry.name]
+
+
+def is_task_spec(name: str) -> bool:
+    """``package.module:factory``: a task loaded from an importable module that is not a registered name."""
+    return bool(_SPEC.fullmatch(name))
+
+
+def _describe_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _entry_from_factory(target: object, name: str) -> TaskEntry:
+    """A factory is a :class:`TaskEntry` or a zero-argument callable returning one; it is registered under
+    ``name`` (the entry point's name, or the spec itself), so every process resolves the same string."""
+    entry = target() if callable(target) and not isinstance(target, TaskEntry) else target
+    if not isinstance(entry, TaskEntry):
+        raise TypeError(f"expected a TaskEntry or a function returning one, got {type(entry).__name__}")
+    if entry.name != name:
+        entry = replace(entry, name=name)
+    return entry
+
+
+def _load_spec(spec: str) -> TaskEntry:
+    module_name, _, attr = spec.partition(":")
+    try:
+        target: object = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+        entry = _entry_from_factory(target, spec)
+    except Exception as exc:
+        raise TaskPluginError(str(PluginFailure(spec, "--task spec", _describe_error(exc)))) from exc
+    _REGISTRY[spec] = entry
+    return entry
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _load_entry_point(ep: importlib.metadata.EntryPoint) -> TaskEntry | None:
+    if ep.name in _REGISTRY:
+        return _REGISTRY[ep.name]
+    if ep.name in _FAILURES:
+        return None
+    try:
+        entry = _entry_from_factory(ep.load(), ep.name)
+    except Exception as exc:
+        _FAILURES[ep.name] = PluginFailure(ep.name, f"entry point {ep.value}", _describe_error(exc))
+        return None
+    _REGISTRY[ep.name] = entry
+    return entry
+
+
+def _load_task_modules() -> None:
+    """Import the modules named in ``DEMOFORGE_TASK_MODULES``; a module that fails is recorded, not raised,
+    so one broken plugin does not hide the other tasks."""
+    for module in filter(None, (m.strip() for m in os.environ.get(TASK_MODULES_ENV, "").split(","))):
+        if module in _FAILURES:
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            _FAILURES[module] = PluginFailure(module, TASK_MODULES_ENV, _describe_error(exc))
+
+
+def plugin_failures() -> list[PluginFailure]:
+    """Plugins that failed to load so far (after :func:`task_names` every declared plugin was tried)."""
+    return sorted(_FAILURES.values(), key=lambda f: f.plugin)
 
 
 def get_task(name: str) -> TaskEntry:
+    """The task called ``name``: built-in, registered, an installed entry point, or a ``module:factory`` spec."""
     if name not in _REGISTRY and name in _BUILTIN_MODULES:
         importlib.import_module(_BUILTIN_MODULES[name])
     if name not in _REGISTRY:
-        _load_plugins()
-    try:
+        _load_task_modules()
+    if name not in _REGISTRY:
+        ep = _entry_points().get(name)
+        if ep is not None:
+            _load_entry_point(ep)
+    if name not in _REGISTRY and is_task_spec(name):
+        return _load_spec(name)
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
-        raise UnknownTaskError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}") from None
+    if name in _FAILURES:
+        raise TaskPluginError(str(_FAILURES[name]))
+    hint = "; ".join(str(f) for f in plugin_failures())
+    raise UnknownTaskError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}"
+                           + (f" (also: {hint})" if hint else ""))
 
 
 def task_names() -> list[str]:
-    _load_plugins()
+    """Every task that can be named: built-ins, registered ones and installed plugins that load."""
+    _load_task_modules()
+    for ep in _entry_points().values():
+        _load_entry_point(ep)
     return sorted(set(_REGISTRY) | set(_BUILTIN_MODULES))

@@ -1,0 +1,21 @@
+"""Errors of the store as a whole, shared by the writer (store.py) and the readers (reader.py)."""
+
+from __future__ import annotations
+
+
+class StoreError(RuntimeError):
+    """The store directory cannot be used (not writable, not a directory, not a demoforge store)."""
+
+
+class StoreLockedError(StoreError):
+    """Another process is writing to this store."""
+
+
+class ReadOnlyError(StoreError):
+    """A write was attempted through a store or catalog opened for reading."""
+
+    def __init__(self, operation: str, where: object) -> None:
+        super().__init__(f"cannot {operation}: {where} is open read-only (writes go through the store's writer, "
+                         "JobStore.open, or an updater, open_store_updater)")
+        self.operation = operation
+        self.where = where

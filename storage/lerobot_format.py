@@ -1,0 +1,164 @@
+"""The dataset format demoforge exports: LeRobot v3.0 plus two files of its own, in one place.
+
+Names and paths (LeRobot's layout constants are read from ``lerobot.datasets.utils`` when writing; the few
+repeated here as plain strings are checked against lerobot's by a test), the features of an export, the
+per-episode sidecar (``meta/demoforge_episodes.jsonl``: each episode's segment record) and the marker
+(``meta/demoforge.json``: the version, the job schema, and every exported staging episode with its dataset
+index; the truth that export reconciles the catalog with).
+
+Importing this module does not import lerobot or torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from demoforge.pipeline.contract import ANNOTATION_KEYS
+from demoforge.storage.schema import Fingerprint
+
+MARKER = "meta/demoforge.json"
+SIDECAR = "meta/demoforge_episodes.jsonl"
+INFO = "meta/info.json"  # lerobot.datasets.utils.INFO_PATH
+STATS = "meta/stats.json"  # lerobot.datasets.utils.STATS_PATH
+TASKS = "meta/tasks.parquet"  # lerobot.datasets.utils.DEFAULT_TASKS_PATH
+#: The small metadata files every export version rewrites whole, in the order it writes them (marker last).
+SMALL_METADATA = (TASKS, STATS, INFO, SIDECAR, MARKER)
+#: Folders whose files, once published, are never rewritten (new episodes go to new files).
+APPEND_ONLY_FOLDERS = ("data/", "videos/", "meta/episodes/")
+EXPORT_FORMAT = 1
+WRITER = "demoforge"
+CODEBASE_VERSION = "v3.0"
+CHUNKS_SIZE = 1000
+DATA_FILE_MB = 100
+VIDEO_FILE_MB = 200
+STATS_IMAGE_PX = 64  # camera stats are computed on frames strided down to about this size
+
+
+class MarkerError(ValueError):
+    """A ``meta/demoforge.json`` that this version of demoforge did not write (missing or bad field)."""
+
+
+def camera_key(camera: str) -> str:
+    return f"observation.images.{camera}"
+
+
+def annotation_key(name: str) -> str:
+    return f"annotation.{name}"
+
+
+def video_info(fingerprint: Fingerprint, height: int, width: int) -> dict[str, Any]:
+    """A camera feature's ``info`` block, as LeRobot's writer fills it."""
+    video = fingerprint.video
+    return {"video.height": height, "video.width": width,
+            "video.codec": {"libsvtav1": "av1", "libaom-av1": "av1"}.get(video.codec, video.codec),
+            "video.pix_fmt": video.pix_fmt, "video.fps": fingerprint.fps, "video.channels": 3,
+            "has_audio": False, "video.g": video.g, "video.crf": video.crf, "video.preset": video.preset,
+            "video.fast_decode": 0, "video.video_backend": "pyav", "video.extra_options": {},
+            "is_depth_map": False}
+
+
+def dataset_features(fingerprint: Fingerprint) -> dict[str, dict]:
+    """LeRobot features of an export: states, action, reward, annotations, cameras, language, then the
+    automatic columns (timestamp, frame_index, episode_index, index, task_index)."""
+    from lerobot.datasets.language import language_feature_info
+
+    features: dict[str, dict] = {}
+    for name, shape in fingerprint.state_shapes.items():
+        features[name] = {"dtype": "float32", "shape": list(shape), "names": None}
+    features["action"] = {"dtype": "float32", "shape": list(fingerprint.action_shape), "names": None}
+    features["next.reward"] = {"dtype": "float32", "shape": [1], "names": None}
+    for key in ANNOTATION_KEYS:
+        features[annotation_key(key)] = {"dtype": "int64", "shape": [1], "names": None}
+    for camera in fingerprint.cameras:
+        features[camera_key(camera.name)] = {"dtype": "video", "shape": list(camera.shape),
+                                             "names": ["height", "width", "channels"],
+                                             "info": video_info(fingerprint, camera.height, camera.width)}
+    for key, ft in language_feature_info().items():
+        features[key] = {**ft, "shape": list(ft["shape"])}
+    for key, dtype in (("timestamp", "float32"), ("frame_index", "int64"), ("episode_index", "int64"),
+                       ("index", "int64"), ("task_index", "int64")):
+        features[key] = {"dtype": dtype, "shape": [1], "names": None}
+    return features
+
+
+def schema_identity(fingerprint: Fingerprint) -> dict[str, Any]:
+    """What must match between a store and the dataset it appends to."""
+    raw = fingerprint.to_dict()
+    return {k: raw[k] for k in ("schema_version", "task", "fps", "cameras", "state_shapes", "action_shape", "video")}
+
+
+@dataclass(frozen=True)
+class PublishedEpisode:
+    episode_id: str  # the staging episode
+    dataset_index: int
+
+
+FileCursor = tuple[int, int]  # (chunk index, file index) of the next file to write
+
+
+@dataclass(frozen=True)
+class ExportMarker:
+    """``meta/demoforge.json`` of one published version."""
+
+    version: int
+    repo_id: str
+    schema: Mapping[str, Any]
+    total_episodes: int
+    total_frames: int
+    tasks: Mapping[str, int]
+    next_data: FileCursor
+    next_meta: FileCursor
+    next_videos: Mapping[str, FileCursor]
+    episodes: tuple[PublishedEpisode, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": EXPORT_FORMAT, "writer": WRITER, "version": self.version, "repo_id": self.repo_id,
+                "schema": dict(self.schema), "total_episodes": self.total_episodes,
+                "total_frames": self.total_frames, "tasks": dict(self.tasks),
+                "next_files": {"data": list(self.next_data), "meta": list(self.next_meta),
+                               "videos": {c: list(v) for c, v in self.next_videos.items()}},
+                "episodes": [{"episode_id": e.episode_id, "dataset_index": e.dataset_index} for e in self.episodes]}
+
+    @classmethod
+    def from_json(cls, data: object) -> ExportMarker:
+        if not isinstance(data, Mapping):
+            raise MarkerError("it is not a JSON object")
+        for key in ("format", "writer", "version", "repo_id", "schema", "total_episodes", "total_frames", "tasks",
+                    "next_files", "episodes"):
+            if key not in data:
+                raise MarkerError(f"field {key!r} is missing")
+        if data["format"] != EXPORT_FORMAT or data["writer"] != WRITER:
+            raise MarkerError(f"format {data['format']!r} by {data['writer']!r}; this demoforge writes format "
+                              f"{EXPORT_FORMAT}")
+        try:
+            files = data["next_files"]
+            return cls(version=int(data["version"]), repo_id=str(data["repo_id"]), schema=dict(data["schema"]),
+                       total_episodes=int(data["total_episodes"]), total_frames=int(data["total_frames"]),
+                       tasks={str(k): int(v) for k, v in data["tasks"].items()},
+                       next_data=_cursor(files["data"]), next_meta=_cursor(files["meta"]),
+                       next_videos={str(c): _cursor(v) for c, v in files["videos"].items()},
+                       episodes=tuple(PublishedEpisode(str(e["episode_id"]), int(e["dataset_index"]))
+                                      for e in data["episodes"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise MarkerError(f"a field has the wrong shape ({type(exc).__name__}: {exc})") from None
+
+    @classmethod
+    def read(cls, version_dir: Path) -> ExportMarker:
+        return cls.from_json(json.loads((version_dir / MARKER).read_text()))
+
+    def dataset_indices(self) -> dict[str, int]:
+        return {e.episode_id: e.dataset_index for e in self.episodes}
+
+
+def _cursor(value: Any) -> FileCursor:
+    chunk, file = value
+    return int(chunk), int(file)
+
+
+def read_sidecar(root: Path) -> list[dict[str, Any]]:
+    """The episode records of a dataset version, in dataset order (FileNotFoundError when absent)."""
+    return [json.loads(line) for line in (root / SIDECAR).read_text().splitlines() if line.strip()]

@@ -1,0 +1,166 @@
+"""The store's persistent schema as types: the job fingerprint, the camera description, attempt states.
+
+A store keeps one :class:`Fingerprint` for life (JSON in the catalog's ``meta`` table); readers rebuild it
+with :meth:`Fingerprint.from_json`, which refuses an old or foreign one with :class:`FingerprintError` naming
+the field, and refuses names that would become paths outside the store.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from demoforge.storage.errors import StoreError
+
+
+class AttemptState(enum.StrEnum):
+    """The catalog state of one attempt (see storage/catalog.py for the state machine)."""
+
+    STAGING = "staging"
+    COMMITTED = "committed"
+    DISCARDED = "discarded"
+    QUARANTINED = "quarantined"
+    EXPORTED = "exported"
+
+
+#: States of an attempt whose data is committed and readable (exported episodes stay in staging).
+READABLE_STATES = (AttemptState.COMMITTED, AttemptState.EXPORTED)
+
+
+class FingerprintError(StoreError):
+    """A stored job fingerprint is missing a field, has a field of the wrong type, or names an unsafe path."""
+
+
+@dataclass(frozen=True)
+class CameraSpec:
+    """One camera of a task: its name (a path component of staging and export) and frame size."""
+
+    name: str
+    height: int
+    width: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """An RGB frame's shape, (height, width, 3)."""
+        return (self.height, self.width, 3)
+
+    def to_json(self) -> list[Any]:
+        return [self.name, self.height, self.width]
+
+
+@dataclass(frozen=True)
+class VideoIdentity:
+    """The encoder settings that change a stored video's bytes (threads do not)."""
+
+    codec: str
+    crf: int | None
+    preset: int | str | None
+    g: int
+    pix_fmt: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"codec": self.codec, "crf": self.crf, "preset": self.preset, "g": self.g, "pix_fmt": self.pix_fmt}
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Everything that shapes stored data; a store refuses a job with a different one."""
+
+    schema_version: int
+    task: str
+    task_options: Mapping[str, Any]
+    fps: int
+    cameras: tuple[CameraSpec, ...]
+    state_shapes: Mapping[str, tuple[int, ...]]
+    action_shape: tuple[int, ...]
+    video: VideoIdentity
+    seed: int
+    chunk_frames: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, exactly as stores have always recorded it (tuples as lists)."""
+        raw = {"schema_version": self.schema_version, "task": self.task, "task_options": dict(self.task_options),
+               "fps": self.fps, "cameras": [c.to_json() for c in self.cameras],
+               "state_shapes": {k: list(v) for k, v in self.state_shapes.items()},
+               "action_shape": list(self.action_shape), "video": self.video.to_json(), "seed": self.seed,
+               "chunk_frames": self.chunk_frames}
+        return json.loads(json.dumps(raw, sort_keys=True))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Fingerprint:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise FingerprintError(f"the store's job fingerprint is not JSON ({exc})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Fingerprint:
+        if not isinstance(data, Mapping):
+            raise FingerprintError(f"the store's job fingerprint is a {type(data).__name__}, not a JSON object")
+        wanted = ("schema_version", "task", "task_options", "fps", "cameras", "state_shapes", "action_shape",
+                  "video", "seed", "chunk_frames")
+        missing = [k for k in wanted if k not in data]
+        extra = sorted(set(data) - set(wanted))
+        if missing or extra:
+            raise FingerprintError("the store's job fingerprint was written by another version or program: "
+                                   + "; ".join([*(f"field {k!r} is missing" for k in missing),
+                                                *(f"field {k!r} is unknown" for k in extra)]))
+
+        def bad(name: str, what: str) -> FingerprintError:
+            return FingerprintError(f"the store's job fingerprint has a bad {name!r} field: {what}, "
+                                    f"got {data[name]!r}"[:400])
+
+        def integer(name: str, value: object, lo: int = 0) -> int:
+            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+                raise bad(name, f"expected an integer >= {lo}")
+            return value
+
+        def shape(name: str, value: object) -> tuple[int, ...]:
+            if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
+                                                      for d in value):
+                raise bad(name, "expected a list of positive integers")
+            return tuple(value)
+
+        from demoforge.pipeline.tasks.registry import TaskDefinitionError, check_name
+
+        cameras = data["cameras"]
+        if not isinstance(cameras, list) or not all(
+                isinstance(c, list) and len(c) == 3 and isinstance(c[1], int) and isinstance(c[2], int)
+                for c in cameras):
+            raise bad("cameras", "expected a list of [name, height, width]")
+        states = data["state_shapes"]
+        if not isinstance(states, Mapping):
+            raise bad("state_shapes", "expected an object of feature: shape")
+        video = data["video"]
+        if not isinstance(video, Mapping) or set(video) != {"codec", "crf", "preset", "g", "pix_fmt"}:
+            raise bad("video", "expected an object with codec, crf, preset, g, pix_fmt")
+        if not isinstance(data["task"], str) or not isinstance(data["task_options"], Mapping):
+            raise bad("task" if not isinstance(data["task"], str) else "task_options", "wrong type")
+        try:  # names from the catalog become paths: a tampered one must not lead a reader outside the store
+            for c in cameras:
+                check_name("camera", c[0])
+            for feature in states:
+                check_name("state feature", feature)
+        except TaskDefinitionError as exc:
+            raise FingerprintError(f"the store's job fingerprint is unsafe: {exc}") from None
+        return cls(schema_version=integer("schema_version", data["schema_version"]), task=data["task"],
+                   task_options=dict(data["task_options"]), fps=integer("fps", data["fps"], 1),
+                   cameras=tuple(CameraSpec(c[0], c[1], c[2]) for c in cameras),
+                   state_shapes={k: shape("state_shapes", v) for k, v in states.items()},
+                   action_shape=shape("action_shape", data["action_shape"]),
+                   video=VideoIdentity(codec=str(video["codec"]), crf=video["crf"], preset=video["preset"],
+                                       g=integer("video", video["g"], 1), pix_fmt=str(video["pix_fmt"])),
+                   seed=integer("seed", data["seed"]), chunk_frames=integer("chunk_frames", data["chunk_frames"], 1))
+
+    def differences(self, other: Fingerprint) -> list[str]:
+        """Each differing field, as 'field: store has X, this job has Y' (self is the store's)."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        return [f"{k}: store has {mine.get(k)!r}, this job has {theirs.get(k)!r}"
+                for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]

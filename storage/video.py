@@ -1,0 +1,80 @@
+"""Reading encoded camera video back: one place for demuxing and decoding with PyAV.
+
+Sources are the staged stream of one episode (``bytes``, fragmented MP4) or an exported mp4 file (a path).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import av
+import av.container
+import numpy as np
+
+VideoSource = bytes | str | Path
+
+
+@contextmanager
+def _open(source: VideoSource) -> Iterator[av.container.InputContainer]:
+    container = av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source), mode="r")
+    try:
+        yield container
+    finally:
+        container.close()
+
+
+def count_frames(source: VideoSource) -> int:
+    """Frames in the first video stream, counted from its packets (no decoding)."""
+    with _open(source) as container:
+        return sum(1 for packet in container.demux(container.streams.video[0]) if packet.size)
+
+
+def iter_frames(source: VideoSource) -> Iterator[np.ndarray]:
+    """Every frame of the first video stream as RGB uint8 (H, W, 3), in presentation order."""
+    with _open(source) as container:
+        for frame in container.decode(container.streams.video[0]):
+            yield frame.to_ndarray(format="rgb24")
+
+
+def decode_frames(source: VideoSource) -> np.ndarray:
+    """All frames stacked, (N, H, W, 3) uint8; (0, 0, 0, 3) for a stream without frames."""
+    frames = list(iter_frames(source))
+    return np.stack(frames) if frames else np.zeros((0, 0, 0, 3), np.uint8)
+
+
+def decode_indices(source: VideoSource, indices: Iterable[int]) -> dict[int, np.ndarray]:
+    """The frames at these positions (decoding stops after the last one wanted)."""
+    wanted = {int(i) for i in indices}
+    out: dict[int, np.ndarray] = {}
+    if not wanted:
+        return out
+    last = max(wanted)
+    for i, frame in enumerate(iter_frames(source)):
+        if i in wanted:
+            out[i] = frame
+        if i >= last:
+            break
+    return out
+
+
+def decode_span(source: VideoSource, start_s: float, end_s: float, fps: int) -> list[np.ndarray]:
+    """The frames shown in ``[start_s, end_s)`` of a file holding several episodes (an exported mp4), seeking
+    to the keyframe before ``start_s`` first. Frame times are multiples of 1/fps: half a frame of slack."""
+    half = 0.5 / fps
+    out: list[np.ndarray] = []
+    with _open(source) as container:
+        stream = container.streams.video[0]
+        time_base = float(stream.time_base or 0) or 1.0 / fps
+        if start_s > 0:
+            container.seek(int(max(start_s - 1.0, 0.0) / time_base), stream=stream, backward=True)
+        for frame in container.decode(stream):
+            t = float(frame.pts or 0) * time_base
+            if t < start_s - half:
+                continue
+            if t >= end_s - half:
+                break
+            out.append(frame.to_ndarray(format="rgb24"))
+    return out

@@ -1,0 +1,392 @@
+"""Each stage on its own, driven through its streams: what it emits, end of stream, backpressure, cancellation.
+
+Stages are plain coroutines over anyio memory-object streams, so each test wires one stage to streams it
+holds itself: it feeds records, reads (or refuses to read) what comes out, closes the input and cancels.
+Records come from the real executor on the toy task; stores are real (Zarr staging, SQLite catalog).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import numpy as np
+import pytest
+
+import toy_tasks
+from demoforge.pipeline.executor import EpisodeRange, Executor
+from demoforge.pipeline.job import JobSpec, VideoSettings
+from demoforge.pipeline.records import (
+    AttemptEnded,
+    AttemptStarted,
+    EncodedFrame,
+    EpisodeAbandoned,
+    EpisodeAssignment,
+    Frame,
+    ResumeState,
+    StagedAttempt,
+    VideoTail,
+)
+from demoforge.stages.commit import commit_stage
+from demoforge.stages.encode import EncoderError, encode_stage
+from demoforge.stages.plan import EpisodePlanner
+from demoforge.stages.step import step_stage
+from demoforge.stages.write import write_stage
+from demoforge.storage.store import JobStore
+from helpers import decode_frames, psnr
+
+pytestmark = pytest.mark.anyio
+
+H264 = VideoSettings(codec="h264")
+SIZE, STEPS = 16, 6
+OPTIONS = {**toy_tasks.DEFAULTS, "size": SIZE, "steps": STEPS}
+INFO = toy_tasks.describe(OPTIONS)
+NOTHING = ResumeState(frozenset(), {})
+
+
+def toy_records(episodes: int, *, start: int = 0, fail_every: int = 0, max_attempts: int = 3) -> list:
+    """The executor's records of toy episodes ``start..start+episodes-1`` (fail_every=1: every attempt fails)."""
+    env = toy_tasks.CameraPointEnv({**OPTIONS, "fail_every": fail_every})
+    try:
+        return list(Executor(env, task="toy-point", max_attempts=max_attempts).run(EpisodeRange(episodes, start)))
+    finally:
+        env.close()
+
+
+def failed_episode() -> list:
+    """Episode 10, whose only allowed attempt fails: never committable, then abandoned."""
+    return toy_records(1, start=10, fail_every=1, max_attempts=1)
+
+
+async def drain(receive) -> list:
+    async with receive:
+        return [item async for item in receive]
+
+
+def open_store(path) -> JobStore:
+    spec = JobSpec(task="toy-point", episodes=1, video=H264, task_options={"size": SIZE, "steps": STEPS})
+    return JobStore.open(path, spec.fingerprint())
+
+
+# ----------------------------------------------------------------------------------------------- plan
+async def test_plan_hands_out_the_target_then_waits_and_ends_when_all_are_committed():
+    planner = EpisodePlanner(3, NOTHING, max_attempts=3)
+    send, receive = anyio.create_memory_object_stream[EpisodeAssignment](0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(planner.run, send)
+        got = [await receive.receive() for _ in range(3)]
+        assert got == [EpisodeAssignment(0, 0), EpisodeAssignment(1, 0), EpisodeAssignment(2, 0)]
+        with anyio.move_on_after(0.2) as waited:  # target reached by in-flight episodes: nothing more
+            await receive.receive()
+        assert waited.cancelled_caught
+        planner.finished(1, committed=False)  # an abandoned episode frees its slot for a new index
+        assert await receive.receive() == EpisodeAssignment(3, 0)
+        for index in (0, 2, 3):
+            planner.finished(index, committed=True)
+        with pytest.raises(anyio.EndOfStream):  # done: the stage closes its stream
+            await receive.receive()
+    assert planner.done and planner.abandoned == {1}
+
+
+async def test_plan_resumes_past_committed_and_exhausted_episodes_with_their_spent_attempts():
+    resume = ResumeState(committed=frozenset({0, 2}), spent_attempts={1: 2, 3: 3}, quarantined=frozenset({4}))
+    planner = EpisodePlanner(5, resume, max_attempts=3)
+    send, receive = anyio.create_memory_object_stream[EpisodeAssignment](0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(planner.run, send)
+        got = [await receive.receive() for _ in range(3)]
+        planner.stop()
+    assert got == [EpisodeAssignment(1, 2), EpisodeAssignment(5, 0), EpisodeAssignment(6, 0)]
+
+
+async def test_plan_offers_one_episode_at_a_time_and_pause_withdraws_the_offer():
+    planner = EpisodePlanner(10, NOTHING, max_attempts=3)
+    send, receive = anyio.create_memory_object_stream[EpisodeAssignment](0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(planner.run, send)
+        await anyio.sleep(0.05)
+        # Backpressure: with nobody receiving, one offer waits and nothing else is planned.
+        assert send.statistics().tasks_waiting_send == 1 and planner.in_flight == {0}
+        planner.set_paused(True)
+        await anyio.sleep(0.05)
+        assert send.statistics().tasks_waiting_send == 0 and planner.in_flight == set()
+        with anyio.move_on_after(0.1) as waited:
+            await receive.receive()
+        assert waited.cancelled_caught
+        planner.set_paused(False)
+        assert await receive.receive() == EpisodeAssignment(0, 0)  # the withdrawn index is offered again
+        planner.stop()
+        with pytest.raises(anyio.EndOfStream):
+            await receive.receive()
+
+
+async def test_plan_stops_when_every_worker_is_gone():
+    planner = EpisodePlanner(10, NOTHING, max_attempts=3)
+    send, receive = anyio.create_memory_object_stream[EpisodeAssignment](0)
+    receive.close()
+    with anyio.fail_after(5):
+        await planner.run(send)
+    assert planner.in_flight == set()
+
+
+# ----------------------------------------------------------------------------------------------- step
+def step_env_factory(steps_taken: list[int] | None = None):
+    class Counting(toy_tasks.CameraPointEnv):
+        def step(self, action):
+            if steps_taken is not None:
+                steps_taken.append(1)
+            return super().step(action)
+
+    return lambda: Counting(dict(OPTIONS))
+
+
+async def test_step_runs_assigned_episodes_and_ends_its_stream_when_the_plan_does():
+    assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](0)
+    send, receive = anyio.create_memory_object_stream(8)
+    stop = threading.Event()
+
+    async def plan() -> None:
+        async with assign_send:
+            for index in (4, 7):
+                await assign_send.send(EpisodeAssignment(index, 1))
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(plan)
+            tg.start_soon(lambda: step_stage(0, step_env_factory(), task="toy-point", num_envs=1, job_seed=0,
+                                             max_attempts=3, assignments=assign_recv, send=send, stop=stop))
+            records = await drain(receive)
+    started = [r for r in records if isinstance(r, AttemptStarted)]
+    ended = [r for r in records if isinstance(r, AttemptEnded)]
+    assert [(r.key.episode_index, r.key.attempt) for r in started] == [(4, 1), (7, 1)]
+    assert [r.result.committable for r in ended] == [True, True] and [r.frames for r in ended] == [STEPS] * 2
+    assert sum(isinstance(r, Frame) for r in records) == 2 * STEPS
+
+
+async def test_step_blocks_on_a_full_stream_so_the_env_waits_for_the_consumer():
+    assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](1)
+    send, receive = anyio.create_memory_object_stream(3)
+    steps_taken: list[int] = []
+    stop = threading.Event()
+    await assign_send.send(EpisodeAssignment(0))
+    assign_send.close()
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: step_stage(0, step_env_factory(steps_taken), task="toy-point", num_envs=1,
+                                             job_seed=0, max_attempts=3, assignments=assign_recv, send=send,
+                                             stop=stop))
+            while send.statistics().tasks_waiting_send == 0:
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.2)  # time for a producer that did not block to run ahead
+            # Full: 3 records queued (AttemptStarted + 2 frames), a 4th waits in send, the env stopped there.
+            assert receive.statistics().current_buffer_used == 3
+            assert len(steps_taken) == 3
+            records = await drain(receive)
+    assert len(steps_taken) == STEPS and sum(isinstance(r, Frame) for r in records) == STEPS
+
+
+async def test_step_stop_ends_in_flight_attempts_as_interrupted():
+    assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](1)
+    send, receive = anyio.create_memory_object_stream(100)
+    stop = threading.Event()
+    await assign_send.send(EpisodeAssignment(0))
+    long_env = lambda: toy_tasks.CameraPointEnv({**OPTIONS, "steps": 10_000})  # noqa: E731
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: step_stage(0, long_env, task="toy-point", num_envs=1, job_seed=0,
+                                             max_attempts=3, assignments=assign_recv, send=send, stop=stop))
+            first = await receive.receive()
+            assert isinstance(first, AttemptStarted)
+            stop.set()
+            records = [first, *await drain(receive)]
+    assign_send.close()
+    (ended,) = [r for r in records if isinstance(r, AttemptEnded)]
+    assert ended.result.terminal_reason.value == "interrupted" and not ended.result.committable
+    assert ended.frames == sum(isinstance(r, Frame) for r in records) < 10_000
+
+
+# --------------------------------------------------------------------------------------------- encode
+async def run_encode(records: list, buffer: int = 100) -> list:
+    in_send, in_recv = anyio.create_memory_object_stream(len(records) + 1)
+    out_send, out_recv = anyio.create_memory_object_stream(buffer)
+    for record in records:
+        in_send.send_nowait(record)
+    in_send.close()
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: encode_stage(in_recv, out_send, cameras=INFO.cameras, fps=INFO.fps, settings=H264))
+            return await drain(out_recv)
+
+
+async def test_encode_turns_frames_into_video_flushes_committed_attempts_and_drops_discarded_ones():
+    records = toy_records(3)
+    failed = failed_episode()
+    out = await run_encode(records + failed)
+    encoded = [r for r in out if isinstance(r, EncodedFrame)]
+    tails = [r for r in out if isinstance(r, VideoTail)]
+    assert len(encoded) == sum(isinstance(r, Frame) for r in records + failed)
+    # A tail (the encoder's flush) right before each committable attempt's end, none for the failed one.
+    ends = [i for i, r in enumerate(out) if isinstance(r, AttemptEnded)]
+    assert [out[i - 1].key for i in ends if out[i].result.committable] == [t.key for t in tails]
+    assert [t.key.episode_index for t in tails] == [0, 1, 2]
+    # Everything else passes through in order (started, ended, abandoned).
+    others = [r for r in out if not isinstance(r, (EncodedFrame, VideoTail))]
+    assert others == [r for r in records + failed if not isinstance(r, Frame)]
+    # The bytes of one attempt are one decodable video of its frames.
+    key = tails[1].key
+    video = b"".join(r.video["cam"] for r in encoded if r.key == key) + tails[1].video["cam"]
+    decoded = decode_frames(video)
+    originals = [r.images["cam"] for r in records if isinstance(r, Frame) and r.key == key]
+    assert len(decoded) == len(originals) == STEPS
+    assert min(psnr(a, b) for a, b in zip(decoded, originals)) > 30
+
+
+async def test_encode_refuses_a_frame_with_undeclared_cameras():
+    frame = next(r for r in toy_records(1) if isinstance(r, Frame))
+    odd = Frame(frame.key, frame.step, frame.state, frame.action, frame.reward, frame.annotations,
+                images={"other": frame.images["cam"]})
+    with pytest.RaisesGroup(pytest.RaisesExc(EncoderError, match=r"cameras \['other'\]; the job declares \['cam'\]")):
+        await run_encode([odd])
+
+
+async def test_encode_waits_for_its_consumer_and_can_be_cancelled_mid_attempt():
+    records = toy_records(1)
+    in_send, in_recv = anyio.create_memory_object_stream(len(records))
+    out_send, out_recv = anyio.create_memory_object_stream(0)
+    for record in records:
+        in_send.send_nowait(record)
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: encode_stage(in_recv, out_send, cameras=INFO.cameras, fps=INFO.fps,
+                                               settings=H264))
+            first = await out_recv.receive()
+            second = await out_recv.receive()
+            assert isinstance(first, AttemptStarted) and isinstance(second, EncodedFrame)
+            await anyio.sleep(0.2)
+            # Nobody reads: the stage holds one encoded frame in send and takes nothing more.
+            assert out_send.statistics().tasks_waiting_send == 1
+            assert in_send.statistics().current_buffer_used == len(records) - 3
+            tg.cancel_scope.cancel()  # mid-attempt: its encoders are aborted, its streams closed
+    with pytest.raises(anyio.EndOfStream):
+        await out_recv.receive()
+    with pytest.raises(anyio.BrokenResourceError):
+        await in_send.send(records[-1])
+
+
+# ---------------------------------------------------------------------------------------------- write
+async def run_write(store: JobStore, records: list) -> list:
+    in_send, in_recv = anyio.create_memory_object_stream(len(records) + 1)
+    out_send, out_recv = anyio.create_memory_object_stream(100)
+    for record in records:
+        in_send.send_nowait(record)
+    in_send.close()
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: write_stage(in_recv, out_send, staging=store.staging, catalog=store.catalog))
+            return await drain(out_recv)
+
+
+async def test_write_stages_committable_attempts_and_passes_discarded_ones_through(tmp_path):
+    encoded = await run_encode(toy_records(2) + failed_episode())
+    store = open_store(tmp_path / "store")
+    try:
+        out = await run_write(store, encoded)
+        staged = [r for r in out if isinstance(r, StagedAttempt)]
+        assert [(s.ended.key.episode_index, s.ended.result.committable) for s in staged] == \
+            [(0, True), (1, True), (10, False)]
+        for item in staged[:2]:
+            assert item.content_hash and item.video_bytes["cam"] > 0
+            episode = store.staging.read_episode(item.ended.key.episode_id, item.ended.frames, item.video_bytes)
+            assert episode.content_hash() == item.content_hash and len(episode.reward) == STEPS
+        assert staged[2].video_bytes == {} and staged[2].content_hash is None
+        # Every attempt has its catalog row, still staging: only the commit stage decides.
+        assert {r.state for r in store.catalog.attempts()} == {"staging"} and len(store.catalog.attempts()) == 3
+        assert [r for r in out if not isinstance(r, StagedAttempt)] == \
+            [r for r in encoded if isinstance(r, EpisodeAbandoned)]
+    finally:
+        store.close()
+
+
+async def test_write_refuses_an_attempt_whose_frame_count_disagrees(tmp_path):
+    encoded = await run_encode(toy_records(1))
+    ended = next(r for r in encoded if isinstance(r, AttemptEnded))
+    tampered = [AttemptEnded(ended.key, ended.result, ended.frames + 1) if r is ended else r for r in encoded]
+    store = open_store(tmp_path / "store")
+    try:
+        with pytest.RaisesGroup(pytest.RaisesExc(RuntimeError, match=f"write stage saw {STEPS} frames, the "
+                                                                     f"executor emitted {STEPS + 1}")):
+            await run_write(store, tampered)
+    finally:
+        store.close()
+
+
+# --------------------------------------------------------------------------------------------- commit
+async def test_commit_commits_discards_and_reports_each_outcome_to_the_planner(tmp_path):
+    records = toy_records(2) + failed_episode()
+    store = open_store(tmp_path / "store")
+    try:
+        staged = await run_write(store, await run_encode(records))
+        planner = EpisodePlanner(2, NOTHING, max_attempts=1)
+        planner.in_flight.update({0, 1, 10})
+        seen: list[StagedAttempt] = []
+        send, receive = anyio.create_memory_object_stream(len(staged))
+        for item in staged:
+            send.send_nowait(item)
+        send.close()
+        with anyio.fail_after(60):
+            await commit_stage(receive, staging=store.staging, catalog=store.catalog, planner=planner,
+                               on_outcome=seen.append)
+        assert [s.ended.result.committable for s in seen] == [True, True, False]
+        rows = {r.episode_id: r for r in store.catalog.attempts()}
+        committed = [s.ended.key.episode_id for s in seen[:2]]
+        assert [rows[e].state for e in committed] == ["committed", "committed"]
+        assert [rows[e].content_hash for e in committed] == [s.content_hash for s in seen[:2]]
+        discarded = seen[2].ended.key.episode_id
+        assert rows[discarded].state == "discarded" and discarded not in store.staging.episode_ids()
+        # The abandoned episode and both commits reached the planner: it is done.
+        assert planner.committed == {0, 1} and planner.abandoned == {10}
+        assert planner.done and planner.in_flight == set()
+    finally:
+        store.close()
+
+
+async def test_commit_stops_at_end_of_stream_and_on_cancellation_without_committing_half(tmp_path):
+    store = open_store(tmp_path / "store")
+    try:
+        staged = await run_write(store, await run_encode(toy_records(1)))
+        planner = EpisodePlanner(5, NOTHING, max_attempts=3)
+        send, receive = anyio.create_memory_object_stream(10)
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: commit_stage(receive, staging=store.staging, catalog=store.catalog,
+                                                   planner=planner))
+                await anyio.sleep(0.1)
+                tg.cancel_scope.cancel()  # waiting for input: cancelled, nothing half done
+        assert {r.state for r in store.catalog.attempts()} == {"staging"}
+        with pytest.raises(anyio.BrokenResourceError):  # the cancelled stage closed its input
+            send.send_nowait(staged[-1])
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("codec", ["h264", "libsvtav1"])
+def test_same_frames_encode_to_the_same_bytes_every_time(codec):
+    """A resumed or re-run attempt must stage the same video bytes as the first run (content hashes are
+    compared across runs): encoding one episode's frames again, in the same process, gives identical bytes.
+    Without pipeline/malloc.py's fixed heap fill, libx264 gave several distinct streams out of 20 here."""
+    import hashlib
+
+    from demoforge.pipeline.job import VideoSettings
+    from demoforge.stages.encode import CameraEncoder
+    from demoforge.storage.schema import CameraSpec
+
+    size = 32
+    yy, xx = np.mgrid[0:size, 0:size]
+    frames = [np.stack([(xx * 4 + t * 8) % 256, (yy * 4) % 256, np.full_like(xx, t * 3 % 256)], -1).astype(np.uint8)
+              for t in range(30)]
+    digests = set()
+    for _ in range(20):
+        encoder = CameraEncoder(CameraSpec("cam", size, size), 10, VideoSettings(codec=codec))
+        data = b"".join(encoder.encode(f) for f in frames) + encoder.finish()
+        digests.add(hashlib.blake2b(data).hexdigest())
+    assert len(digests) == 1, f"{len(digests)} distinct {codec} streams from the same frames"

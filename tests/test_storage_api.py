@@ -1,0 +1,141 @@
+"""The store's read side and persistent schema: a reader cannot write, stored records are typed and refuse
+old or foreign data by name, and the online sampler works without torch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+import toy_tasks  # noqa: F401
+from demoforge.pipeline.job import JobSpec, VideoSettings
+from demoforge.pipeline.runner import run_job
+from demoforge.storage.catalog import CATALOG_FILE, Catalog
+from demoforge.storage.errors import ReadOnlyError, StoreError
+from demoforge.storage.lerobot_format import ExportMarker, MarkerError
+from demoforge.storage.publish import NotOurDatasetError, resolve_target
+from demoforge.storage.reader import open_store_reader, open_store_updater
+from demoforge.storage.schema import AttemptState, CameraSpec, Fingerprint, FingerprintError
+from helpers import REPO, cli_env, run_cli
+
+SPEC = JobSpec(task="toy-point", episodes=2, task_options={"steps": 12, "size": 16}, video=VideoSettings(codec="h264"))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("api") / "store"
+    run_job(SPEC, path)
+    return path
+
+
+def digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("module", ["demoforge.storage.online_sampler", "demoforge.storage.sampling"])
+def test_the_online_sampler_does_not_import_torch(module):
+    code = f"import {module}, sys; assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)"
+    done = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_reader_refuses_every_write_and_changes_nothing(store):
+    before = digest(store / CATALOG_FILE)
+    with open_store_reader(store) as view:
+        assert view.read_only and view.fingerprint == SPEC.fingerprint()
+        rows = view.catalog.committed()
+        assert [r.state for r in rows] == [AttemptState.COMMITTED] * 2
+        writes = [lambda: view.catalog.quarantine(rows[0].episode_id, "x"),
+                  lambda: view.catalog.mark_exported({rows[0].episode_id: 0}),
+                  lambda: view.catalog.begin_attempt(9, 0, "ep00000009-a00", 1),
+                  lambda: view.catalog.bind_job(SPEC.fingerprint()),
+                  lambda: view.catalog.log_recovery("x", "y"),
+                  lambda: view.staging.delete_episode(rows[0].episode_id),
+                  lambda: view.staging.open_episode("ep00000009-a00")]
+        for write in writes:
+            with pytest.raises(ReadOnlyError, match=f"cannot .* {store}.* is open read-only") as info:
+                write()
+            assert isinstance(info.value, StoreError)
+        assert view.staging.read_episode(rows[0].episode_id, rows[0].frames, rows[0].video_bytes).action.shape[0] == 12
+    assert digest(store / CATALOG_FILE) == before
+    assert [r.state for r in open_store_updater(store).catalog.committed()] == [AttemptState.COMMITTED] * 2
+
+
+def test_reading_an_unfinished_store_adds_no_schema(tmp_path):
+    """A run killed before it wrote the schema leaves an empty catalog: readers see an empty store, and the
+    file stays as it was (the old read path added tables to it)."""
+    (tmp_path / CATALOG_FILE).write_bytes(b"")
+    with open_store_reader(tmp_path) as view:
+        assert view.fingerprint is None and view.staging is None and view.catalog.committed() == []
+        assert view.catalog.summary()["committed_frames"] == 0
+        with pytest.raises(StoreError, match="holds no job yet"):
+            view.require_job()
+    status = run_cli("status", "--store", str(tmp_path), "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["attempts_by_state"] == {}
+    assert (tmp_path / CATALOG_FILE).read_bytes() == b""
+
+
+def test_fingerprint_json_is_what_stores_have_always_held(store):
+    fingerprint = SPEC.fingerprint()
+    legacy = {"schema_version": 1, "task": "toy-point", "task_options": dict(SPEC.task_info().options), "fps": 10,
+              "cameras": [["cam", 16, 16]], "state_shapes": {"observation.state": [2]}, "action_shape": [1],
+              "video": {"codec": "h264", "crf": 30, "preset": "veryfast", "g": 2, "pix_fmt": "yuv420p"},
+              "seed": 0, "chunk_frames": 64}
+    assert fingerprint.to_json() == json.dumps(legacy, sort_keys=True)
+    assert Fingerprint.from_json(fingerprint.to_json()) == fingerprint
+    assert fingerprint.cameras == (CameraSpec("cam", 16, 16),) and fingerprint.cameras[0].shape == (16, 16, 3)
+    assert Catalog.open_read_only(store).get_meta("fingerprint") == legacy
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda d: d.pop("chunk_frames"), "field 'chunk_frames' is missing"),
+    (lambda d: d.update(robot="x"), "field 'robot' is unknown"),
+    (lambda d: d.update(fps="fast"), "bad 'fps' field"),
+    (lambda d: d.update(cameras=[["cam", 16]]), "bad 'cameras' field"),
+    (lambda d: d.update(action_shape=[0]), "bad 'action_shape' field"),
+    (lambda d: d.update(cameras=[["../up", 16, 16]]), "unsafe"),
+])
+def test_an_old_or_foreign_fingerprint_is_refused_naming_the_field(change, match):
+    data = SPEC.fingerprint().to_dict()
+    change(data)
+    with pytest.raises(FingerprintError, match=match):
+        Fingerprint.from_json(json.dumps(data))
+
+
+def test_the_export_marker_round_trips_and_a_foreign_one_is_refused(tmp_path, store):
+    from demoforge.storage.lerobot_export import export_store
+
+    out = tmp_path / "dataset"
+    export_store(store, out)
+    marker_path = out.resolve() / "meta" / "demoforge.json"
+    raw = json.loads(marker_path.read_text())
+    marker = ExportMarker.from_json(raw)
+    assert marker.to_json() == raw and marker.total_episodes == 2
+    assert marker.dataset_indices() == {r.episode_id: r.dataset_index
+                                        for r in open_store_reader(store).catalog.attempts(("exported",))}
+    del raw["next_files"]
+    with pytest.raises(MarkerError, match="'next_files' is missing"):
+        ExportMarker.from_json(raw)
+    marker_path.unlink()
+    marker_path.write_text(json.dumps({**marker.to_json(), "format": 99}))
+    with pytest.raises(NotOurDatasetError, match="format 99"):
+        resolve_target(out)
+
+
+def test_format_names_match_lerobot():
+    from lerobot.datasets.utils import DEFAULT_TASKS_PATH, INFO_PATH, STATS_PATH
+
+    from demoforge.storage.lerobot_format import INFO, STATS, TASKS
+
+    assert (TASKS, STATS, INFO) == (DEFAULT_TASKS_PATH, STATS_PATH, INFO_PATH)
+
+
+def test_no_sql_outside_the_catalog():
+    offenders = [str(p.relative_to(REPO)) for folder in ("pipeline", "stages", "storage", "tools")
+                 for p in (REPO / folder).rglob("*.py")
+                 if p.name != "catalog.py" and ("sqlite3" in p.read_text() or "SELECT " in p.read_text())]
+    assert offenders == []
