@@ -187,6 +187,40 @@ def test_an_altered_state_frame_that_verify_accepts_diverges_at_that_frame(fetch
     assert report["episodes"][2]["mismatched_frames"] == 1
 
 
+def test_images_catch_a_video_of_another_episode(fetch_store, tmp_path):
+    import zarr
+
+    from demoforge.storage.schema import Fingerprint
+    from demoforge.storage.staging import EpisodeLayout, StagingStore
+
+    store = tmp_path / "store"
+    shutil.copytree(fetch_store, store)
+    records = committed_records(store)
+    (target, _), (donor, _) = records[1], records[2]
+    db = sqlite3.connect(store / "catalog.sqlite")
+    fingerprint = Fingerprint.from_json(db.execute("SELECT value FROM meta WHERE key = 'fingerprint'").fetchone()[0])
+    staging = StagingStore(store, EpisodeLayout.from_fingerprint(fingerprint), read_only=True)
+    rows = {i: db.execute("SELECT frames, video_bytes FROM attempts WHERE episode_id = ?", (i,)).fetchone()
+            for i in (target, donor)}
+    donor_video = staging.read_episode(donor, rows[donor][0], json.loads(rows[donor][1])).video["front"]
+    array = zarr.open_array(str(store / "staging.zarr" / "episodes" / target / "video" / "front"), mode="r+")
+    array[:len(donor_video)] = np.frombuffer(donor_video, dtype=np.uint8)
+    sizes = json.dumps({"front": len(donor_video)})
+    staged = staging.read_episode(target, rows[target][0], json.loads(sizes))
+    db.execute("UPDATE attempts SET video_bytes = ?, content_hash = ? WHERE episode_id = ?",
+               (sizes, staged.content_hash(), target))
+    db.commit()
+    db.close()
+    assert replay(store)[0] == 0  # states, rewards and success are untouched
+    code, report, err = replay(store, "--images")
+    assert code == 1, (err, report)
+    assert verdicts(report) == {0: "reproduced", 1: "diverged", 2: "reproduced"}
+    episode = report["episodes"][1]
+    assert episode["divergence"]["kind"] == "image" and episode["divergence"]["feature"] == "front"
+    assert episode["divergence"]["error"] < report["settings"]["min_psnr_db"]
+    assert all(v == 0 for v in episode["max_errors"].values())
+
+
 def test_a_non_deterministic_env_is_reported_diverged_not_crashed(tmp_path):
     store = generate(tmp_path / "noisy", ("--task", "toy-noisy", "--codec", "h264", "--option", "steps=8"), 2)
     code, report, err = replay(store)
