@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +16,17 @@ from demoforge.pipeline.executor import derive_seed
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
 from demoforge.pipeline.tasks.registry import TaskEntry
-from demoforge.storage.catalog import Catalog
-from helpers import cli_env, committed_files, demoforge_argv
+from demoforge.storage.invariants import (
+    StoreSnapshot,
+    attempt_rows,
+    check_committed_kept,
+    check_resumed_store,
+    identities,
+    snapshot,
+)
+from demoforge.storage.reader import open_store_reader
+from demoforge.storage.schema import AttemptState
+from helpers import cli_env, demoforge_argv
 
 pytestmark = pytest.mark.slow
 
@@ -26,21 +36,20 @@ ARGS = ("generate", "--task", "toy-point", "--episodes", str(EPISODES), "--codec
 
 
 def catalog_rows(store):
-    catalog = Catalog(store)
-    try:
-        return catalog.committed(), catalog.attempts(("staging",)), catalog.summary()
-    finally:
-        catalog.close()
+    with open_store_reader(store) as view:
+        return view.catalog.committed(), view.catalog.attempts((AttemptState.STAGING,)), view.catalog.summary()
 
 
 def test_sigkill_at_random_moments_never_loses_or_alters_committed_episodes(tmp_path):
+    """The invariants are storage/invariants.py's, the same ones tools/crash_campaign.py checks."""
     rng = random.Random(1234)
     store = tmp_path / "store"
     # Each delay profile widens one stage's window so kills land mid-episode, mid-encode and mid-commit.
     profiles = ["", "encode:0.01", "commit:0.25", "write:0.005"]
     kills = 0
     interrupted_seen = 0
-    before: dict[str, dict[str, bytes]] = {}
+    before = StoreSnapshot()
+    last_kill: dict[Path, StoreSnapshot] = {}  # each store as its last kill left it
     for trial in range(40):
         if kills >= 12:
             break
@@ -57,38 +66,32 @@ def test_sigkill_at_random_moments_never_loses_or_alters_committed_episodes(tmp_
             proc.send_signal(signal.SIGKILL)
             kills += 1
         proc.communicate(timeout=60)
-        if (store / "catalog.sqlite").exists() and catalog_rows(store)[1]:
+        if any(r.state == AttemptState.STAGING for r in attempt_rows(store) or []):
             interrupted_seen += 1  # this kill left an attempt in flight (staging) for recovery to clean
-        after = committed_files(store)
+        after = snapshot(store)
         # Committed episodes never disappear and their bytes never change.
-        for episode_id, files in before.items():
-            assert after.get(episode_id) == files, f"trial {trial}: committed {episode_id} lost or altered"
+        assert not check_committed_kept(before, after), f"trial {trial}: {check_committed_kept(before, after)}"
+        last_kill[store] = after
         before = after
-        if len(after) >= EPISODES:
+        if after.committed >= EPISODES:
             # The job finished before this kill; start over on a fresh store to keep killing.
             store = tmp_path / f"store{trial}"
-            before = {}
+            before = StoreSnapshot()
     assert kills >= 10
     # Resume every store to completion and compare with a clean, uninterrupted run.
     clean = tmp_path / "clean"
     run_job(JobSpec(task="toy-point", episodes=EPISODES, video=VideoSettings(codec="h264"),
                     task_options={"step_sleep": 0.004, "steps": 30}), clean)
-    clean_rows, _, _ = catalog_rows(clean)
-    expected = [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash) for r in clean_rows]
+    reference = identities(attempt_rows(clean))
+    assert sorted(reference) == list(range(EPISODES))
+    assert [reference[i][1] for i in range(EPISODES)] == [derive_seed(0, i, 0) for i in range(EPISODES)]
     for candidate in sorted(tmp_path.glob("store*")):
         done = subprocess.run(demoforge_argv(*ARGS, "--store", str(candidate)), env=cli_env(),
                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
-        rows, staging_rows, summary = catalog_rows(candidate)
-        assert not staging_rows
-        assert [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash) for r in rows] == expected
-        assert [r.seed for r in rows] == [derive_seed(0, i, 0) for i in range(EPISODES)]
-        leftovers = {p.name for p in (candidate / "staging.zarr" / "episodes").iterdir() if p.is_dir()}
-        assert leftovers == {r.episode_id for r in rows}
-        assert not list(candidate.rglob("*.partial"))
-        verify = subprocess.run(demoforge_argv("verify", "--store", str(candidate)), env=cli_env(),
-                                capture_output=True, text=True, timeout=300)
-        assert verify.returncode == 0, verify.stdout
+        violations = check_resumed_store(candidate, target=EPISODES, before=last_kill.get(candidate),
+                                         reference=reference)
+        assert not violations, violations
     assert interrupted_seen >= 6  # most kills landed while attempts were in flight
 
 

@@ -56,6 +56,14 @@ sys.path.insert(0, str(TESTS))
 import numpy as np  # noqa: E402
 
 from demoforge.storage.catalog import CATALOG_FILE  # noqa: E402
+from demoforge.storage.invariants import (  # noqa: E402
+    STORE_INVARIANTS,
+    attempt_rows,
+    check_committed_kept,
+    check_resumed_store,
+    identities,
+    snapshot,
+)
 from demoforge.storage.lerobot_format import (  # noqa: E402
     APPEND_ONLY_FOLDERS,
     SMALL_METADATA,
@@ -65,7 +73,7 @@ from demoforge.storage.lerobot_format import (  # noqa: E402
 from demoforge.storage.publish import finished_versions, unfinished_leftovers, versions_dir  # noqa: E402
 from demoforge.storage.reader import open_store_reader  # noqa: E402
 from demoforge.storage.schema import READABLE_STATES, AttemptState  # noqa: E402
-from demoforge.storage.staging import staged_episode_ids, staged_episode_path  # noqa: E402
+from demoforge.storage.staging import staged_episode_path  # noqa: E402
 
 SMALL_META = SMALL_METADATA  # write order
 CODEC = "h264"
@@ -87,13 +95,7 @@ WINDOWS = {("generate", "encode"): {"gen:in-flight"}, ("generate", "commit"): {"
                                   "export:fsync", "export:renamed-not-published",
                                   "export:published-catalog-pending"}}
 INVARIANTS = {
-    "committed_kept": "episodes committed at the kill are still committed, same content hash and staged bytes",
-    "matches_clean_run": "each episode index has the clean run's attempt, seed, frame count and content hash",
-    "no_duplicates": "one committed attempt per episode index; each staged episode at most once in the dataset",
-    "no_index_gaps": "committed indices are 0..N-1; dataset indices are 0..M-1 in staging order",
-    "final_count": "N episodes committed after the resume (and N in the dataset)",
-    "no_leftovers": "no staging rows, orphan episode folders or *.partial files after the resume",
-    "store_verifies": "verify_store: chunk checksums, counts, content hashes, decoded video frame counts",
+    **STORE_INVARIANTS,  # the store-level ones, shared with tests/test_crash.py
     "published_consistent": "right after the kill the published dataset holds only committed, complete "
                             "episodes (the previous or the next version), its sidecar agrees, it validates",
     "export_complete": "after the resume the dataset's episode set equals the committed set; sidecar, marker "
@@ -149,14 +151,6 @@ def live(rows: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
 
 def episode_dir(store: Path, episode_id: str) -> Path:
     return staged_episode_path(store, episode_id)
-
-
-def staged_digests(store: Path, ids) -> dict[str, dict[str, str]]:
-    out = {}
-    for episode_id in ids:
-        base = episode_dir(store, episode_id)
-        out[episode_id] = {str(p.relative_to(base)): sha(p) for p in sorted(base.rglob("*")) if p.is_file()}
-    return out
 
 
 def flushed(store: Path, episode_id: str) -> bool:
@@ -309,9 +303,7 @@ class Campaign:
         if done.returncode != 0:
             raise SystemExit(f"crash_campaign: the clean reference run failed:\n{done.stderr[-3000:]}")
         self.est["generate"] = time.monotonic() - started
-        rows = live(read_rows(ref / "store"))
-        self.reference = {r["episode_index"]: (r["attempt"], r["seed"], r["frames"], r["content_hash"])
-                          for r in rows}
+        self.reference = identities(attempt_rows(ref / "store"))
         if sorted(self.reference) != list(range(self.n)):
             raise SystemExit(f"crash_campaign: the clean run committed {sorted(self.reference)}, not 0..{self.n - 1} "
                              "(pick task options whose episodes all succeed)")
@@ -333,8 +325,7 @@ class Campaign:
             export_store(inc / "store", inc / "dataset")
             run_job(self.spec(self.n), inc / "store")
             for template in (first, inc):
-                got = {r["episode_index"]: (r["attempt"], r["seed"], r["frames"], r["content_hash"])
-                       for r in live(read_rows(template / "store"))}
+                got = identities(attempt_rows(template / "store"))
                 if got != self.reference:
                     raise SystemExit(f"crash_campaign: template {template.name} differs from the clean run")
         print(f"set-up: clean run {self.est['generate']:.1f} s, lerobot import {self.lerobot_import_s:.1f} s, "
@@ -434,7 +425,7 @@ class Campaign:
         rows = read_rows(store)
         committed = {r["episode_id"]: r for r in live(rows)}
         trial.committed_at_kill = len(committed)
-        return {"committed": committed, "files": staged_digests(store, committed),
+        return {"committed": committed, "store": snapshot(store),
                 "dataset": dataset_state(out) if out is not None else None}
 
     # generate ---------------------------------------------------------------------------------------
@@ -478,43 +469,10 @@ class Campaign:
         self._check_store(trial, store, state)
 
     def _check_store(self, trial: Trial, store: Path, state: dict[str, Any]) -> None:
-        rows = read_rows(store) or []
-        committed = live(rows)
-        by_id = {r["episode_id"]: r for r in committed}
-        after = staged_digests(store, [i for i in state["committed"] if i in by_id])
-        for episode_id, row in state["committed"].items():
-            now = by_id.get(episode_id)
-            if now is None:
-                trial.bad("committed_kept", f"{episode_id} was committed at the kill and is gone")
-            elif now["content_hash"] != row["content_hash"] or now["frames"] != row["frames"]:
-                trial.bad("committed_kept", f"{episode_id}: hash or frame count changed")
-            elif after.get(episode_id) != state["files"][episode_id]:
-                trial.bad("committed_kept", f"{episode_id}: staged file bytes changed")
-        indices = [r["episode_index"] for r in committed]
-        if len(indices) != len(set(indices)):
-            trial.bad("no_duplicates", f"committed episode indices repeat: {sorted(indices)}")
-        if sorted(set(indices)) != list(range(len(set(indices)))):
-            trial.bad("no_index_gaps", f"committed episode indices {sorted(set(indices))}")
-        if len(committed) != self.n:
-            trial.bad("final_count", f"{len(committed)} committed, target {self.n}")
-        got = {r["episode_index"]: (r["attempt"], r["seed"], r["frames"], r["content_hash"]) for r in committed}
-        differ = sorted(i for i in set(got) | set(self.reference) if got.get(i) != self.reference.get(i))
-        if differ:
-            trial.bad("matches_clean_run", f"episode indices {differ} differ from the clean run")
-        staging = [r["episode_id"] for r in rows if r["state"] == AttemptState.STAGING]
-        folders = set(staged_episode_ids(store))
-        partial = [str(p) for p in store.rglob("*.partial")]
-        if staging or folders != set(by_id) or partial:
-            trial.bad("no_leftovers", f"staging rows {staging}, folders not committed "
-                                      f"{sorted(folders - set(by_id))}, missing {sorted(set(by_id) - folders)}, "
-                                      f"partial files {partial[:3]}")
-        from demoforge.storage.verify import verify_store
-
-        with open_store_reader(store) as view:
-            _fingerprint, staged = view.require_job()
-            report = verify_store(view.catalog, staged, quarantine=False)
-        if not report.ok:
-            trial.bad("store_verifies", "; ".join(f"{p.episode_id}: {p.problem}" for p in report.problems)[:800])
+        violations = check_resumed_store(store, target=self.n, before=state["store"], reference=self.reference)
+        for invariant, messages in violations.items():
+            for message in messages:
+                trial.bad(invariant, message)
 
     # export -----------------------------------------------------------------------------------------
     def _export_kill(self, trial: Trial, folder: Path, shrink: float) -> dict[str, Any]:
@@ -683,12 +641,8 @@ class Campaign:
         self._check_published(trial, store, out, state, [old_ids, set(state["committed"])])
         self._resume_export(trial, store, out, folder)
         # committed_kept: an export never touches staged bytes or the committed rows' content
-        rows = {r["episode_id"]: r for r in live(read_rows(store))}
-        after = staged_digests(store, [i for i in state["committed"] if i in rows])
-        for episode_id, row in state["committed"].items():
-            if episode_id not in rows or rows[episode_id]["content_hash"] != row["content_hash"] or \
-                    after.get(episode_id) != state["files"][episode_id]:
-                trial.bad("committed_kept", f"{episode_id} lost or altered by the export")
+        for problem in check_committed_kept(state["store"], snapshot(store)):
+            trial.bad("committed_kept", f"{problem} (after the export)")
         self._check_final_dataset(trial, store, out, state)
 
     # daemon -----------------------------------------------------------------------------------------
