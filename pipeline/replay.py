@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -51,8 +51,8 @@ class Tolerance:
 
 
 # Defaults per built-in task (docs/reliability.md says why). Both record float32 values of magnitude <= ~2
-# (metres, radians, scaled velocities); a float32 carries ~1.2e-7 relative precision, so 1e-6 absolute
-# absorbs rounding of the same double twice over while a 0.01 mm / 0.001 mrad difference is already caught.
+# (metres, radians, scaled velocities): float32 spacing there is <= 2.4e-7, so 1e-5 sits ~40 spacings above
+# storage rounding, while 1e-5 m (0.01 mm) or 1e-5 rad is far below any physically meaningful difference.
 TASK_TOLERANCES: Mapping[str, Tolerance] = {
     "fetch-pick-place": Tolerance(atol=1e-5, rtol=1e-6),
     "aloha-transfer-cube": Tolerance(atol=1e-5, rtol=1e-6),
