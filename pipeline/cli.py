@@ -460,11 +460,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from demoforge.pipeline.malloc import limit_malloc_arenas, make_uninitialized_reads_deterministic
     from demoforge.pipeline.daemon_config import DaemonConfigError
     from demoforge.pipeline.job import JobConfigError
+    from demoforge.pipeline.replay_run import ReplayInputError
     from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError
     from demoforge.storage.catalog import JobMismatchError
     from demoforge.storage.errors import StoreError
     from demoforge.storage.lerobot_export import ExportError
-    from demoforge.pipeline.replay_run import ReplayInputError
 
     args = build_parser().parse_args(argv)
     limit_malloc_arenas()
