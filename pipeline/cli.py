@@ -447,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, default=None,
                    help="relative tolerance for states and rewards; default: the task's")
     p.add_argument("--images", action="store_true",
-                   help="also re-render every camera and compare each frame with the stored video (PSNR)")
+                   help="also compare every re-rendered camera frame with the stored video by PSNR (default: off)")
     p.add_argument("--min-psnr", type=float, default=None, metavar="DB",
                    help="lowest PSNR a stored frame may have with --images; default: the codec's threshold")
     p.add_argument("--workers", type=int, default=1, help="episodes replayed in parallel worker processes (default: 1)")
