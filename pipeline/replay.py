@@ -50,7 +50,7 @@ class Tolerance:
     rtol: float
 
 
-# Defaults per built-in task (docs/reliability.md says why). Both record float32 values of magnitude <= ~2
+# Defaults per built-in task (docs/reliability.md says why). Both record float32 values of magnitude <= ~3.2
 # (metres, radians, scaled velocities): float32 spacing there is <= 2.4e-7, so 1e-5 sits ~40 spacings above
 # storage rounding, while 1e-5 m (0.01 mm) or 1e-5 rad is far below any physically meaningful difference.
 TASK_TOLERANCES: Mapping[str, Tolerance] = {
