@@ -318,6 +318,41 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAIL
 
 
+# -------------------------------------------------------------------------------------------- replay
+def cmd_replay(args: argparse.Namespace) -> int:
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from demoforge.pipeline.replay import ReplaySettings
+    from demoforge.pipeline.replay_run import print_report, run_replay
+
+    settings = ReplaySettings(atol=args.atol, rtol=args.rtol, images=args.images, min_psnr_db=args.min_psnr)
+    console = _console(stderr=True)
+    progress = Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
+                        TimeElapsedColumn(), console=console, disable=not console.is_terminal or args.json)
+    bar = progress.add_task("replay", total=None, detail="")
+    last_line = [time.monotonic()]
+    tally = Counter[str]()
+
+    def on_episode(done: int, total: int, verdict) -> None:
+        tally[verdict.verdict] += 1
+        detail = ", ".join(f"{k} {v}" for k, v in sorted(tally.items()))
+        progress.update(bar, completed=done, total=total, detail=detail)
+        if not console.is_terminal and not args.json and (time.monotonic() - last_line[0] > 5 or done == total):
+            last_line[0] = time.monotonic()
+            console.print(f"replayed {done}/{total}: {detail}")
+
+    with progress:
+        report = run_replay(args.path, episodes=args.episodes, sample=args.sample, settings=settings,
+                            workers=args.workers, progress=on_episode)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print_report(report, _console())
+    return report.exit_code
+
+
 # ---------------------------------------------------------------------------------------------- main
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Every optional option's help ends with its default; descriptions and examples keep their line breaks."""
@@ -340,6 +375,7 @@ EXAMPLES = {
     "daemon": "demoforge daemon --config docs/daemon.example.toml",
     "verify": "demoforge verify --store runs/fetch --no-quarantine",
     "view": "demoforge view runs/fetch-dataset --port 8765",
+    "replay": "demoforge replay runs/fetch --sample 20 --workers 2 --images",
 }
 
 
@@ -461,6 +497,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-quarantine", action="store_true", help="report only; do not quarantine bad episodes")
     p.set_defaults(fn=cmd_verify)
+
+    p = sub.add_parser(
+        "replay", help="re-simulate episodes from their seeds and actions and compare every recorded frame "
+                       "(exit 0 all reproduced, 1 any diverged, 2 cannot run)",
+    )
+    p.add_argument("path", type=Path, metavar="STORE_OR_DATASET",
+                   help="a store (its committed episodes) or a dataset written by `demoforge export`")
+    p.add_argument("--episodes", default=None, metavar="SPEC",
+                   help="episode numbers, e.g. 0-9,12,40- (a store's job episode index, a dataset's episode "
+                        "index; None: all)")
+    p.add_argument("--sample", type=int, default=None, metavar="N",
+                   help="replay N of the selected episodes, picked by a fixed hash of their number (the same N "
+                        "every time; None: all)")
+    p.add_argument("--atol", type=float, default=None,
+                   help="absolute tolerance for states and rewards (None: the task's, see docs/reliability.md)")
+    p.add_argument("--rtol", type=float, default=None,
+                   help="relative tolerance for states and rewards (None: the task's)")
+    p.add_argument("--images", action="store_true",
+                   help="also compare every re-rendered camera frame with the stored video by PSNR")
+    p.add_argument("--min-psnr", type=float, default=None, metavar="DB",
+                   help="lowest PSNR a stored frame may have with --images (None: the codec's threshold)")
+    p.add_argument("--workers", type=int, default=1, help="episodes replayed in parallel worker processes")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.set_defaults(fn=cmd_replay)
     _finish_help(parser, sub)
     return parser
 
@@ -469,6 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from demoforge.pipeline.malloc import limit_malloc_arenas, make_uninitialized_reads_deterministic
     from demoforge.pipeline.daemon_config import DaemonConfigError
     from demoforge.pipeline.job import JobConfigError
+    from demoforge.pipeline.replay_run import ReplayInputError
     from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError
     from demoforge.storage.catalog import JobMismatchError
     from demoforge.storage.errors import StoreError
@@ -479,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit_malloc_arenas()
     make_uninitialized_reads_deterministic()
     known = (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
-             ExportError, DaemonConfigError, ViewerError)
+             ExportError, DaemonConfigError, ViewerError, ReplayInputError)
     try:
         try:
             return args.fn(args)

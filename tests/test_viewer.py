@@ -308,7 +308,7 @@ class ExplodingPointEnv(toy_tasks.CameraPointEnv):
 
 
 register(TaskEntry(name="toy-exploding", defaults=toy_tasks.DEFAULTS,
-                   describe=lambda o: dataclasses.replace(toy_tasks._info(o), name="toy-exploding"),
+                   describe=lambda o: dataclasses.replace(toy_tasks.describe(o), name="toy-exploding"),
                    make_env=lambda o: ExplodingPointEnv(dict(o))))
 
 
