@@ -18,9 +18,7 @@ from rich.table import Table
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_STATUS_HELP = """exit status: 0 done; 1 failed or incomplete (e.g. every recent episode abandoned); 2 bad input or
-settings; 3 the daemon stopped a failing job; 4 an OS error while writing (e.g. a full disk); 130 interrupted
-
-example: demoforge generate --task fetch-pick-place --episodes 100 --store runs/fetch"""
+settings; 3 the daemon stopped a failing job; 4 an OS error while writing (e.g. a full disk); 130 interrupted"""
 
 
 def _console(stderr: bool = False) -> Console:
@@ -311,6 +309,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    from demoforge.storage.viewer.command import run_view
+
+    return run_view(args.path, host=args.host, port=args.port, html=args.html)
+
+
 # -------------------------------------------------------------------------------------------- daemon
 def cmd_daemon(args: argparse.Namespace) -> int:
     import anyio
@@ -417,28 +421,104 @@ def _verify_dataset(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAIL
 
 
+# -------------------------------------------------------------------------------------------- replay
+def cmd_replay(args: argparse.Namespace) -> int:
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from demoforge.pipeline.replay import ReplaySettings
+    from demoforge.pipeline.replay_run import print_report, run_replay
+
+    settings = ReplaySettings(atol=args.atol, rtol=args.rtol, images=args.images, min_psnr_db=args.min_psnr)
+    console = _console(stderr=True)
+    progress = Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[detail]}"),
+                        TimeElapsedColumn(), console=console, disable=not console.is_terminal or args.json)
+    bar = progress.add_task("replay", total=None, detail="")
+    last_line = [time.monotonic()]
+    tally = Counter[str]()
+
+    def on_episode(done: int, total: int, verdict) -> None:
+        tally[verdict.verdict] += 1
+        detail = ", ".join(f"{k} {v}" for k, v in sorted(tally.items()))
+        progress.update(bar, completed=done, total=total, detail=detail)
+        if not console.is_terminal and not args.json and (time.monotonic() - last_line[0] > 5 or done == total):
+            last_line[0] = time.monotonic()
+            console.print(f"replayed {done}/{total}: {detail}")
+
+    with progress:
+        report = run_replay(args.path, episodes=args.episodes, sample=args.sample, settings=settings,
+                            workers=args.workers, progress=on_episode)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print_report(report, _console())
+    return report.exit_code
+
+
 # ---------------------------------------------------------------------------------------------- main
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every optional option's help ends with its default; descriptions and examples keep their line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required or not action.option_strings:
+            return action.help
+        return super()._get_help_string(action)
+
+
+#: The example each command's --help ends with (a test checks every command has one).
+EXAMPLES = {
+    "tasks": "demoforge tasks fetch-pick-place",
+    "run": "demoforge run --task fetch-pick-place --episodes 2 --option cycles=1",
+    "generate": "demoforge generate --task fetch-pick-place --episodes 10 --store runs/fetch --export runs/fetch-dataset",
+    "export": "demoforge export --store runs/fetch --store runs/fetch-2cycles --out runs/fetch-dataset",
+    "validate": "demoforge validate runs/fetch-dataset --expect-segments 15",
+    "inspect": "demoforge inspect runs/fetch --plot runs/fetch.png",
+    "status": "demoforge status --store runs/fetch",
+    "daemon": "demoforge daemon --config docs/daemon.example.toml",
+    "verify": "demoforge verify --store runs/fetch --no-quarantine   (or: demoforge verify runs/fetch-dataset)",
+    "prune": "demoforge prune --store runs/fetch --exported",
+    "view": "demoforge view runs/fetch-dataset --port 8765",
+    "replay": "demoforge replay runs/fetch --sample 20 --workers 2 --images",
+}
+
+
+def _finish_help(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:
+    """One formatter everywhere, and each command's help ends with its example."""
+    parser.formatter_class = _HelpFormatter
+    parser.epilog = ("example:\n  " + EXAMPLES["generate"] + "\n\nrun `demoforge COMMAND --help` for a command's options"
+                     "\n\n" + EXIT_STATUS_HELP)
+    for name, command in sub.choices.items():
+        command.formatter_class = _HelpFormatter
+        if name in EXAMPLES:
+            command.epilog = "example:\n  " + EXAMPLES[name]
+
+
 def build_parser() -> argparse.ArgumentParser:
     from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED
     from demoforge.pipeline.tasks.registry import DEFAULT_TASK
 
-    parser = argparse.ArgumentParser(prog="demoforge", description=__doc__, epilog=EXIT_STATUS_HELP,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="demoforge", description="Segment-aware, crash-proof robot demonstrations: generate episodes from "
+        "gymnasium tasks with scripted experts into a resumable store, export them as LeRobot v3.0 datasets.")
     parser.add_argument("--debug", action="store_true",
-                        help="on an error, show the full Python traceback instead of the short message (default: off)")
-    sub = parser.add_subparsers(dest="command", required=True)
+                        help="on an error, show the full Python traceback instead of the short message")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("tasks", help="list the tasks (built-in and plugins), or describe one")
     p.add_argument("name", nargs="?", default=None, metavar="NAME",
-                   help="describe this task in full: cameras, shapes, every segment, options (default: list all)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table (default: off)")
+                   help="describe this task in full: cameras, shapes, every segment, options (none: list all tasks)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(fn=cmd_tasks)
 
     def job_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--task", default=DEFAULT_TASK)
-        p.add_argument("--episodes", type=int, default=10)
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--max-attempts", type=int, default=3)
+        p.add_argument("--task", default=DEFAULT_TASK,
+                       help="a task name (`demoforge tasks`), or package.module:factory for a task not installed")
+        p.add_argument("--episodes", type=int, default=10, help="episodes to commit (the job's target)")
+        p.add_argument("--seed", type=int, default=0,
+                       help="job seed: each attempt's env seed is derived from (seed, episode, attempt)")
+        p.add_argument("--max-attempts", type=int, default=3,
+                       help="attempts per episode before it is abandoned (failed attempts are discarded)")
         p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                        help="a task option, e.g. --option cycles=2 (see `demoforge tasks`)")
 
@@ -448,19 +528,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate episodes into a store until N are committed (resumable)")
     job_args(p)
-    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--store", type=Path, required=True,
+                   help="the job's store folder (created if new; re-run with the same one to resume). Required")
     p.add_argument("--workers", type=int, default=1, help="env worker threads")
     p.add_argument("--num-envs", type=int, default=1, help="vector-env rows per worker")
     p.add_argument("--codec", default="libsvtav1", help="libsvtav1 (LeRobot's default), h264, hevc")
-    p.add_argument("--crf", type=int, default=30)
+    p.add_argument("--crf", type=int, default=30, help="encoder quality (lower: better, larger)")
     p.add_argument("--gop", type=int, default=2, help="keyframe interval")
-    p.add_argument("--encoder-threads", type=int, default=None)
+    p.add_argument("--encoder-threads", type=int, default=None,
+                   help="threads per camera encoder (None: the codec decides)")
     p.add_argument("--queue-frames", type=int, default=32, help="capacity of each inter-stage queue")
     p.add_argument("--step-timeout", type=float, default=60.0,
                    help="seconds an env call may take before its attempt is aborted (0: no limit)")
     p.add_argument("--max-consecutive-abandoned", type=int, default=DEFAULT_MAX_CONSECUTIVE_ABANDONED,
                    metavar="K", help="stop with exit status 1 when the last K episodes were all abandoned (every "
-                                     "attempt failed); 0: never (default: %(default)s)")
+                                     "attempt failed); 0: never")
     p.add_argument("--export", type=Path, default=None, metavar="DATASET_DIR",
                    help="when the target is reached, export to this LeRobot dataset")
     p.add_argument("--repo-id", default=None, help="repo id recorded in the exported dataset")
@@ -470,33 +552,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", type=Path, required=True, action="append",
                    help="a store to export from; repeat it to put several jobs with the same features into one "
                         "dataset (each job's instruction becomes a task). Required")
-    p.add_argument("--out", type=Path, required=True, metavar="DATASET_DIR")
-    p.add_argument("--repo-id", default=None)
-    p.add_argument("--json", action="store_true", help="print the result as one JSON line (default: off)")
+    p.add_argument("--out", type=Path, required=True, metavar="DATASET_DIR",
+                   help="the dataset (a link to its published version; created if new). Required")
+    p.add_argument("--repo-id", default=None, help="repo id recorded in the dataset (None: demoforge/TASK)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line (what the daemon reads)")
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("validate", help="check an exported dataset and load it with LeRobotDataset "
                                         "(exit 0 valid, 1 mismatch, 2 cannot load)")
-    p.add_argument("dataset", type=Path, metavar="DATASET_DIR")
-    p.add_argument("--expect-segments", type=int, default=None)
-    p.add_argument("--video-backend", default="pyav", choices=["pyav", "torchcodec"])
-    p.add_argument("--json", action="store_true")
+    p.add_argument("dataset", type=Path, metavar="DATASET_DIR", help="an exported dataset")
+    p.add_argument("--expect-segments", type=int, default=None,
+                   help="every episode must have this many segments (None: not checked)")
+    p.add_argument("--video-backend", default="pyav", choices=["pyav", "torchcodec"],
+                   help="the video backend LeRobotDataset loads with")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(fn=cmd_validate)
 
     p = sub.add_parser("inspect", help="episodes, outcomes and segment statistics of a store or dataset")
-    p.add_argument("path", type=Path, metavar="STORE_OR_DATASET")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("path", type=Path, metavar="STORE_OR_DATASET", help="a store folder or an exported dataset")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
                    help="draw segment timelines and a contact sheet of frames at segment boundaries")
     p.set_defaults(fn=cmd_inspect)
 
+    p = sub.add_parser("view", help="watch episodes in the browser: videos, segment timeline, curves (read-only)",
+                       description="Serve a local page (loopback by default) for a store or dataset, or write it as "
+                                   "a folder that opens from disk (--html). Then open http://127.0.0.1:8765/.")
+    p.add_argument("path", type=Path, metavar="STORE_OR_DATASET",
+                   help="a store (generate --store) or an exported dataset (export --out); a dataset is pinned to "
+                        "the version published when the viewer starts")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (127.0.0.1: this machine only; another address prints a warning)")
+    p.add_argument("--port", type=int, default=8765, help="port to listen on (0 picks a free one)")
+    p.add_argument("--html", type=Path, default=None, metavar="OUT_DIR",
+                   help="write the page as a static folder that opens from disk instead of serving it "
+                        "(None: serve)")
+    p.set_defaults(fn=cmd_view)
+
     p = sub.add_parser("status", help="counts by state and outcome of a store (safe while a job runs)")
-    p.add_argument("--store", type=Path, required=True)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--store", type=Path, required=True, help="the store folder. Required")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(fn=cmd_status)
 
     p = sub.add_parser("daemon", help="run generation as a service: periodic export, metrics, graceful stop")
-    p.add_argument("--config", type=Path, required=True, metavar="JOB.toml")
+    p.add_argument("--config", type=Path, required=True, metavar="JOB.toml",
+                   help="the job file (docs/daemon.md). Required")
     p.add_argument("--store", type=Path, default=None, help="override store.dir")
     p.add_argument("--export", type=Path, default=None, help="override export.dir")
     p.add_argument("--episodes", type=int, default=None, help="override job.episodes")
@@ -506,24 +606,48 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="re-read a store's committed episodes (--store) or a published dataset's "
                                       "files against their export checksums (DATASET); exit 0 good, 1 problems",
-                       epilog="examples: demoforge verify runs/fetch-dataset; demoforge verify --store runs/fetch")
+)
     p.add_argument("dataset", type=Path, nargs="?", default=None, metavar="DATASET",
                    help="an exported dataset: changed, missing or extra files by path, sampled frames decoded")
     p.add_argument("--store", type=Path, default=None, help="a store: checksums, counts, hashes, video frames")
-    p.add_argument("--json", action="store_true", help="print JSON (default: off)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-quarantine", action="store_true", help="report only; do not quarantine bad episodes")
     p.set_defaults(fn=cmd_verify)
-    p = sub.add_parser("prune", help="delete the staged data of episodes already exported (keeps catalog rows)",
-                       epilog="example: demoforge prune --store runs/fetch --exported")
-    p.add_argument("--store", type=Path, required=True)
+
+    p = sub.add_parser("prune", help="delete the staged data of episodes already exported (keeps catalog rows)")
+    p.add_argument("--store", type=Path, required=True, help="the store folder. Required")
     p.add_argument("--exported", action="store_true",
-                   help="prune every exported episode: the dataset holds it; export never needs it again "
-                        "(default: off; required)")
+                   help="prune every exported episode: the dataset holds it, export never needs it again (must be given)")
     p.set_defaults(fn=cmd_prune)
 
+
+    p = sub.add_parser(
+        "replay", help="re-simulate episodes from their seeds and actions and compare every recorded frame "
+                       "(exit 0 all reproduced, 1 any diverged, 2 cannot run)",
+    )
+    p.add_argument("path", type=Path, metavar="STORE_OR_DATASET",
+                   help="a store (its committed episodes) or a dataset written by `demoforge export`")
+    p.add_argument("--episodes", default=None, metavar="SPEC",
+                   help="episode numbers, e.g. 0-9,12,40- (a store's job episode index, a dataset's episode "
+                        "index; None: all)")
+    p.add_argument("--sample", type=int, default=None, metavar="N",
+                   help="replay N of the selected episodes, picked by a fixed hash of their number (the same N "
+                        "every time; None: all)")
+    p.add_argument("--atol", type=float, default=None,
+                   help="absolute tolerance for states and rewards (None: the task's, see docs/reliability.md)")
+    p.add_argument("--rtol", type=float, default=None,
+                   help="relative tolerance for states and rewards (None: the task's)")
+    p.add_argument("--images", action="store_true",
+                   help="also compare every re-rendered camera frame with the stored video by PSNR")
+    p.add_argument("--min-psnr", type=float, default=None, metavar="DB",
+                   help="lowest PSNR a stored frame may have with --images (None: the codec's threshold)")
+    p.add_argument("--workers", type=int, default=1, help="episodes replayed in parallel worker processes")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    p.set_defaults(fn=cmd_replay)
     for command in sub.choices.values():  # `demoforge generate ... --debug` works too
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                             help="show the full traceback of an error (default: off)")
+                             help="show the full traceback of an error")
+    _finish_help(parser, sub)
     return parser
 
 
@@ -532,18 +656,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     from demoforge.pipeline.daemon_config import DaemonConfigError
     from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, describe_write_failure
     from demoforge.pipeline.job import JobConfigError
+    from demoforge.pipeline.replay_run import ReplayInputError
     from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError
     from demoforge.storage.catalog import JobMismatchError
     from demoforge.storage.errors import StoreError
     from demoforge.storage.lerobot_export import ExportError
     from demoforge.storage.staging import StagingFormatError
+    from demoforge.storage.viewer.files import ViewerError
     from demoforge.storage.write_errors import is_write_error
 
     args = build_parser().parse_args(argv)
     limit_malloc_arenas()
     make_uninitialized_reads_deterministic()
     known = (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
-             ExportError, DaemonConfigError, StagingFormatError)
+             ExportError, DaemonConfigError, ViewerError, ReplayInputError, StagingFormatError)
     err = _console(stderr=True)
     try:
         try:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from demoforge.pipeline.provenance import library_versions
 from demoforge.pipeline.records import EpisodeAbandoned, Record, StagedAttempt
 from demoforge.stages.plan import EpisodePlanner
 from demoforge.storage.catalog import Catalog
@@ -41,7 +42,8 @@ async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt
                     await anyio.sleep(delay_s)
                 await anyio.to_thread.run_sync(lambda: catalog.commit(
                     episode_id, frames=ended.frames, video_bytes=item.video_bytes,
-                    content_hash=item.content_hash or "", record=result.to_record()))
+                    content_hash=item.content_hash or "",
+                    record={**result.to_record(), "versions": library_versions()}))
                 planner.finished(ended.key.episode_index, committed=True)
             else:
                 def discard() -> None:

@@ -101,10 +101,10 @@ class _Source:
     staging: StagingStore
 
     def origin(self) -> dict[str, Any]:
-        """What the sidecar records of each episode's origin (besides the staging episode itself)."""
+        """What the sidecar records of each episode's origin besides the staging episode: the store and the
+        job (replay rebuilds the env from these task options and job seed)."""
         fp = self.fingerprint
-        return {"store_id": self.store_id, "job": {"task": fp.task, "task_options": dict(fp.task_options),
-                                                   "seed": fp.seed}}
+        return {"store_id": self.store_id, "task_options": dict(fp.task_options), "job_seed": fp.seed}
 
 
 def export_store(store_dir: Path | str, out: Path | str, **kwargs: Any) -> ExportReport:

@@ -60,3 +60,23 @@ def decode_indices(source: VideoSource, indices: Iterable[int]) -> dict[int, np.
             if i >= last:
                 break
     return out
+
+
+def decode_span(source: VideoSource, start_s: float, end_s: float, fps: int) -> list[np.ndarray]:
+    """The frames shown in ``[start_s, end_s)`` of a file holding several episodes (an exported mp4), seeking
+    to the keyframe before ``start_s`` first. Frame times are multiples of 1/fps: half a frame of slack."""
+    half = 0.5 / fps
+    out: list[np.ndarray] = []
+    with _open(source) as container:
+        stream = container.streams.video[0]
+        time_base = float(stream.time_base or 0) or 1.0 / fps
+        if start_s > 0:
+            container.seek(int(max(start_s - 1.0, 0.0) / time_base), stream=stream, backward=True)
+        for frame in container.decode(stream):
+            t = float(frame.pts or 0) * time_base
+            if t < start_s - half:
+                continue
+            if t >= end_s - half:
+                break
+            out.append(frame.to_ndarray(format="rgb24"))
+    return out

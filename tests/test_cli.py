@@ -42,3 +42,27 @@ def test_unknown_task_and_bad_option_are_clear_errors():
     assert unknown.returncode == 2 and "unknown task 'no-such-task'" in unknown.stderr
     bad = run_cli("run", "--task", "fetch-pick-place", "--episodes", "1", "--option", "cycle=2")
     assert bad.returncode == 2 and "has no option 'cycle'" in bad.stderr
+
+
+def test_every_command_and_option_is_documented_with_an_example():
+    """`demoforge --help` and each command's help end with an example; every option says what it does."""
+    import argparse
+
+    from demoforge.pipeline.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert parser.format_help().rstrip().splitlines()[-1].startswith("run `demoforge COMMAND --help`")
+    for name, command in sub.choices.items():
+        text = command.format_help().rstrip()
+        last = text.splitlines()[-1].strip()
+        assert last.startswith(f"demoforge {name}"), (name, last)
+        assert text.splitlines()[-2].strip() == "example:", name
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"demoforge {name} {action.option_strings or action.dest} has no help text"
+            if action.option_strings and not action.required:
+                assert "(default: " in command._get_formatter()._get_help_string(action) or "%(default)" in action.help
+    shown = run_cli("--help")
+    assert shown.returncode == 0 and "example:" in shown.stdout

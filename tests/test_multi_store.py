@@ -64,7 +64,7 @@ def test_two_stores_become_one_dataset_with_a_task_per_job(two_jobs: tuple[Path,
             ids[store] = view.catalog.store_id()
     assert ids[one] and ids[two] and ids[one] != ids[two]
     assert [r["store_id"] for r in sidecar] == [ids[one], ids[one], ids[two]]
-    assert [r["job"]["task_options"]["cycles"] for r in sidecar] == [1, 1, 2]
+    assert [r["task_options"]["cycles"] for r in sidecar] == [1, 1, 2]
     assert [r["staging_episode_id"] for r in sidecar] == ["ep00000000-a00", "ep00000001-a00", "ep00000000-a00"]
 
     valid = run_cli("validate", str(dataset), "--json")

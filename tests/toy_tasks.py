@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -63,3 +64,16 @@ def describe(options) -> TaskInfo:
 
 
 register(TaskEntry(name="toy-point", defaults=DEFAULTS, describe=describe, make_env=lambda o: CameraPointEnv(dict(o))))
+
+
+class NoisyPointEnv(CameraPointEnv):
+    """Not reproducible: each step adds noise drawn from numpy's global generator, which no seed reaches."""
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        self.x += float(np.random.normal(0.0, 0.01))
+        return self._obs(), float(self.x), terminated, truncated, info
+
+
+register(TaskEntry(name="toy-noisy", defaults=DEFAULTS, describe=lambda o: replace(describe(o), name="toy-noisy"),
+                   make_env=lambda o: NoisyPointEnv(dict(o))))

@@ -1,0 +1,55 @@
+"""``demoforge view``: open a store or dataset, then serve the page or write it as a static folder."""
+
+from __future__ import annotations
+
+import errno
+import sys
+from pathlib import Path
+
+from demoforge.storage.viewer.files import ViewerError
+from demoforge.storage.viewer.server import ViewerServer, is_loopback
+from demoforge.storage.viewer.source import open_source
+from demoforge.storage.viewer.static_site import write_site
+
+
+def run_view(path: Path, *, host: str, port: int, html: Path | None) -> int:
+    if not 0 <= port <= 65535:
+        raise ViewerError(f"--port {port} is not a port number (0 to 65535; 0 picks a free one)")
+    source = open_source(path)
+    try:
+        summary = source.summary
+        what = f"{summary.kind} {path}" + (f" (version {summary.version})" if summary.version else "")
+        count = len(source.entries())
+        if html is not None:
+            report = write_site(source, html, progress=_progress)
+            print(f"wrote the viewer of {what} to {report.out}: {report.episodes} episode(s), {report.videos} video "
+                  f"file(s), {report.bytes / 2**20:.1f} MiB; open {report.out / 'index.html'} in a browser",
+                  flush=True)
+            return 0
+        try:
+            server = ViewerServer(source, host, port)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ViewerError(f"port {port} on {host} is in use; choose another with --port (0 picks a free "
+                                  "one)") from None
+            raise ViewerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        try:
+            if not is_loopback(host):
+                print(f"demoforge view: warning: serving on {host}, not loopback: anyone who can reach this machine "
+                      f"on port {server.port} can watch every episode of {path} (read-only, no authentication)",
+                      file=sys.stderr, flush=True)
+            print(f"serving {what}, {count} {'attempt' if summary.kind == 'store' else 'episode'}(s), at "
+                  f"{server.url} (read-only; Ctrl-C stops)", flush=True)
+            server.serve_forever()
+        except KeyboardInterrupt:
+            print("stopped", flush=True)
+        finally:
+            server.close()
+        return 0
+    finally:
+        source.close()
+
+
+def _progress(done: int, total: int) -> None:
+    if done == total or done % 100 == 0:
+        print(f"prepared {done}/{total} episodes", file=sys.stderr, flush=True)
