@@ -486,8 +486,8 @@ EXAMPLES = {
 def _finish_help(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:
     """One formatter everywhere, and each command's help ends with its example."""
     parser.formatter_class = _HelpFormatter
-    parser.epilog = ("example:\n  " + EXAMPLES["generate"] + "\n\nrun `demoforge COMMAND --help` for a command's options"
-                     "\n\n" + EXIT_STATUS_HELP)
+    parser.epilog = (EXIT_STATUS_HELP + "\n\nexample:\n  " + EXAMPLES["generate"]
+                     + "\n\nrun `demoforge COMMAND --help` for a command's options")
     for name, command in sub.choices.items():
         command.formatter_class = _HelpFormatter
         if name in EXAMPLES:
@@ -646,7 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_replay)
     for command in sub.choices.values():  # `demoforge generate ... --debug` works too
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                             help="show the full traceback of an error")
+                             help="show the full traceback of an error (default: off)")
     _finish_help(parser, sub)
     return parser
 
