@@ -92,3 +92,21 @@ def test_export_child_dies_with_its_parent(tmp_path: Path) -> None:
              .rsplit(")", 1)[1].split()[0], timeout=30)
     again = run_cli("export", "--store", str(store), "--out", str(tmp_path / "dataset"))
     assert again.returncode == 0 and "exported 2 episode(s)" in again.stdout, again.stderr
+
+
+def test_export_waits_while_the_dataset_disk_is_below_the_floor(tmp_path: Path) -> None:
+    job, port = write_job(tmp_path, every=1)
+    job.write_text(job.read_text().replace("min_free_mb = 1", "min_free_mb = 500"))
+    free = tmp_path / "free_mb"
+    free.write_text("100")  # below the floor from the start: no generation, and no export
+    proc = start(job, DEMOFORGE_FREE_SPACE_FILE=str(free))
+    try:
+        wait_for(lambda: scrape(port)["demoforge_generation_paused"] == 1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    deferred = [e for e in events(err) if e["event"] == "export_deferred"]
+    assert deferred and deferred[-1]["why"] == "final" and deferred[-1]["floor_mb"] == 500, err
+    assert not (tmp_path / "dataset").exists()  # nothing was written on the full disk
