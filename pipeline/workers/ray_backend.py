@@ -98,8 +98,11 @@ class RayWorker:
             async for ref in stream:
                 piece: Piece = await ref
                 yield piece
+                if piece.lease_done:
+                    return
         except ray.exceptions.RayError as exc:
             raise WorkerLost(f"{self.name} on {self.host} is gone: {_first_line(exc)}") from None
+        raise WorkerLost(f"{self.name} on {self.host} ended episode {lease.episode_index} early")
 
     def kill(self) -> None:
         try:
