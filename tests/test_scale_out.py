@@ -20,6 +20,7 @@ import pytest
 
 import noise_tasks  # noqa: F401  (registers toy-noise)
 import toy_tasks  # noqa: F401  (registers toy-point)
+from demoforge.pipeline.executor import derive_seed
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import JobRunner, run_job
 from demoforge.pipeline.workers.config import ExecutorConfig
@@ -266,6 +267,25 @@ def test_a_slow_writer_slows_the_workers_and_memory_stays_bounded(tmp_path, monk
         assert growth < 32 << 20, f"worker {pid} grew by {growth / 2**20:.1f} MiB"
 
 
+# ------------------------------------------------------------------------------------------ hung worker
+def test_a_hung_worker_is_replaced_and_its_attempt_fails_like_a_hung_thread(tmp_path):
+    from noise_tasks import STALL_SEED
+
+    assert STALL_SEED == derive_seed(0, 1, 0)
+    started = time.monotonic()
+    report = run_job(JobSpec(task="toy-stall", episodes=4, video=VideoSettings(codec="h264"), step_timeout_s=1.0),
+                     tmp_path / "store", executor=ExecutorConfig(kind="process", workers=2))
+    assert time.monotonic() - started < 90
+    assert report.committed_total == 4 and report.discarded == {"error": 1}
+    catalog = check_store(tmp_path / "store")
+    attempts = catalog.attempts()
+    catalog.close()
+    (hung,) = [r for r in attempts if r.state == "discarded"]
+    assert (hung.episode_index, hung.attempt, hung.counted) == (1, 0, True)
+    assert "did not return within 1 s" in hung.reason
+    assert [r.attempt for r in attempts if r.episode_index == 1 and r.state == "committed"] == [1]
+
+
 # ------------------------------------------------------------------------------------------ bad input
 def _free_port() -> int:
     with socket.socket() as s:
@@ -329,3 +349,37 @@ def test_a_task_the_workers_cannot_import_is_named(tmp_path, ray_cluster):
     assert "cannot import task 'driver-only'" in done.stderr and "driver_only_task" in done.stderr
     assert "Install the project and the task's plugin on every worker machine" in done.stderr
     assert "Traceback" not in done.stderr and not store.exists()
+
+
+# ------------------------------------------------------------------------------------------ daemon job file
+def _job_file(tmp_path: Path, job_extra: str, tail: str = "") -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(f'[job]\ntask = "toy-point"\nepisodes = 2\n{job_extra}\n[store]\ndir = "store"\n'
+                    f'[metrics]\naddress = "off"\n{tail}')
+    return path
+
+
+def test_the_daemon_job_file_chooses_the_executor(tmp_path):
+    from demoforge.pipeline.daemon_config import load_config
+
+    config = load_config(_job_file(tmp_path, 'executor = "ray"\nworkers = 2',
+                                   '[ray]\naddress = "head:6379"\nnum_workers = 100\ncpus_per_worker = 0.5\n'))
+    assert config.executor == ExecutorConfig(kind="ray", workers=100, ray_address="head:6379", cpus_per_worker=0.5)
+    assert load_config(_job_file(tmp_path, 'executor = "process"\nworkers = 3')).executor == \
+        ExecutorConfig(kind="process", workers=3)
+    assert load_config(_job_file(tmp_path, "")).executor == ExecutorConfig()
+
+
+@pytest.mark.parametrize("job_extra, tail, message", [
+    ('executor = "spark"', "", "unknown executor 'spark'"),
+    ('executor = "process"\nworkers = 0', "", "number of workers (--workers) must be"),
+    ('executor = "ray"', "[ray]\nnum_workers = 0\n", "number of workers (--workers) must be"),
+    ('executor = "thread"', '[ray]\naddress = "auto"\n', "a [ray] section is set but job.executor is 'thread'"),
+    ('executor = "ray"', "[ray]\ncpus = 2\n", "unknown key ray.cpus"),
+])
+def test_bad_executor_settings_in_the_job_file_are_named(tmp_path, job_extra, tail, message):
+    from demoforge.pipeline.daemon_config import DaemonConfigError, load_config
+
+    with pytest.raises(DaemonConfigError) as info:
+        load_config(_job_file(tmp_path, job_extra, tail))
+    assert message in str(info.value)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from demoforge.pipeline.contract import EpisodeResult, TerminalReason
 from demoforge.pipeline.job import JobSpec
 from demoforge.pipeline.records import AttemptEnded, AttemptKey, AttemptStarted, EncodedFrame, EpisodeAbandoned, \
     Record, StagedAttempt
@@ -33,6 +34,7 @@ from demoforge.pipeline.workers.config import EpisodeAssignment, ExecutorConfig,
     ExecutorUnavailableError, WorkersLostError
 from demoforge.pipeline.workers.episode_worker import WorkerSpec, interrupted_result, task_modules_for
 from demoforge.pipeline.workers.process_backend import ProcessBackend, WorkerLost
+from demoforge.stages.step import StepTimeoutError
 
 
 class WorkerHandle(Protocol):
@@ -134,6 +136,7 @@ class _Lease:
     next_attempt: int
     active: dict[AttemptKey, list[int]] = field(default_factory=dict)  # key -> [seed, row, frames]
     finished: bool = False
+    hung: bool = False
 
     def track(self, record: Any) -> None:
         if isinstance(record, AttemptStarted):
@@ -174,6 +177,8 @@ class RemoteExecutor:
         self._awaiting_discard: dict[AttemptKey, EpisodeAssignment] = {}
         self._broker: LeaseBroker | None = None
         self._stopping = False
+        # No piece for this long from a worker that has room to send one: its env hangs (see _serve).
+        self._piece_timeout_s = None if spec.step_timeout_s is None else spec.step_timeout_s + 5.0
 
     # ------------------------------------------------------------------------------ start / close
     async def start(self) -> None:
@@ -232,12 +237,25 @@ class RemoteExecutor:
                 return
             state = _Lease(lease, lease.first_attempt)
             try:
-                async for piece in worker.pieces(lease):
+                pieces = worker.pieces(lease)
+                while True:
+                    # A worker with room to run ahead sends a piece at least every MAX_PIECE_SECONDS plus one
+                    # env step: none within the step timeout means its env hangs.
+                    with anyio.move_on_after(self._piece_timeout_s) as waited:
+                        try:
+                            piece = await pieces.__anext__()
+                        except StopAsyncIteration:
+                            break
+                    if waited.cancelled_caught:
+                        worker.kill()
+                        await self._hung(worker, state, send, broker)
+                        raise WorkerLost(f"{worker.name} hung")
                     for record in piece.records:
                         await send.send(record)
                         state.track(record)
             except WorkerLost as exc:
-                await self._lost(worker, state, str(exc), send, broker)
+                if not state.hung:
+                    await self._lost(worker, state, str(exc), send, broker)
                 await worker.aclose()
                 del self.workers[slot]
                 if self._stopping or stop.is_set():
@@ -263,6 +281,30 @@ class RemoteExecutor:
             await send.send(AttemptEnded(key=key, result=result, frames=frames))
         if not state.active and not state.finished and not self._stopping:
             broker.rerun(EpisodeAssignment(state.assignment.episode_index, state.next_attempt))
+
+    async def _hung(self, worker: WorkerHandle, state: _Lease, send: MemoryObjectSendStream[Record],
+                    broker: LeaseBroker) -> None:
+        """Like the thread executor's watchdog: the hung attempt ends as an error (counted) and the episode
+        continues with its next attempt on another worker."""
+        state.hung = True
+        timeout = self.job.step_timeout_s
+        self.on_event(f"{worker.name} sent nothing for {self._piece_timeout_s:g} s (step timeout {timeout:g} s); "
+                      "its attempt is aborted and the worker replaced")
+        if not state.active:  # hung before its attempt started (building or resetting the env): re-run as lost
+            broker.rerun(EpisodeAssignment(state.assignment.episode_index, state.next_attempt))
+            return
+        for key, (seed, row, frames) in sorted(state.active.items()):
+            error = StepTimeoutError(f"the env did not return within {timeout:g} s; attempt aborted and the worker "
+                                     "replaced", task=self.job.task)
+            await send.send(AttemptEnded(key=key, frames=frames, result=EpisodeResult(
+                task=self.job.task, episode_index=key.episode_index, attempt=key.attempt, seed=seed, row=row,
+                length=frames, completed=False, success=False, terminated=False, truncated=False,
+                terminal_reason=TerminalReason.ERROR, segments=(), error=str(error),
+                error_type=type(error).__name__)))
+            if key.attempt + 1 < self.job.max_attempts:
+                broker.rerun(EpisodeAssignment(key.episode_index, key.attempt + 1))
+            else:
+                await send.send(EpisodeAbandoned(key.episode_index, key.attempt + 1, str(error)))
 
     def attempt_outcome(self, item: StagedAttempt) -> None:
         """The commit stage finished with an attempt; a lost one may now be re-run (its folder is gone)."""

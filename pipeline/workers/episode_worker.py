@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 import socket
+import time
 import traceback
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,7 +32,9 @@ PieceRecord = AttemptStarted | EncodedFrame | VideoTail | AttemptEnded | Episode
 
 # Set in every worker before any simulator is imported (a Ray worker does not inherit the driver's shell).
 WORKER_ENVIRONMENT = {"MUJOCO_GL": "egl", "SVT_LOG": "1", "HF_HUB_OFFLINE": "1"}
-MAX_PIECE_BYTES = 8 << 20  # a piece is also cut when its encoded bytes reach this
+MAX_PIECE_BYTES = 8 << 20  # a piece is also cut when its encoded bytes reach this...
+MAX_PIECE_SECONDS = 0.5  # ...or when it has been filling this long: a slow env still reports progress, so the
+#                          driver can tell a hung worker (no piece within the step timeout) from a slow one
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,7 @@ class EpisodeWorker:
         batch: list[PieceRecord] = []
         frames = 0
         size = 0
+        flushed = time.monotonic()
         attempt = first_attempt
         while True:
             encoders: dict[str, Any] = {}
@@ -136,15 +140,18 @@ class EpisodeWorker:
                         encoders = self._open_encoders()
                         active = [record.key, record.seed, record.row, 0]
                         batch.append(record)
+                        yield Piece(tuple(batch), frames)  # at once: the driver knows which attempt runs
+                        batch, frames, size, flushed = [], 0, 0, time.monotonic()
                     elif isinstance(record, Frame):
                         encoded = self._encode(record, encoders)
                         active[3] += 1
                         batch.append(encoded)
                         frames += 1
                         size += sum(len(v) for v in encoded.video.values())
-                        if frames >= spec.batch_frames or size >= MAX_PIECE_BYTES:
+                        if frames >= spec.batch_frames or size >= MAX_PIECE_BYTES or \
+                                time.monotonic() - flushed >= MAX_PIECE_SECONDS:
                             yield Piece(tuple(batch), frames)
-                            batch, frames, size = [], 0, 0
+                            batch, frames, size, flushed = [], 0, 0, time.monotonic()
                     elif isinstance(record, AttemptEnded):
                         mine, encoders, active = encoders, {}, []
                         if record.result.committable:
