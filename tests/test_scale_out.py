@@ -267,6 +267,25 @@ def test_a_slow_writer_slows_the_workers_and_memory_stays_bounded(tmp_path, monk
         assert growth < 32 << 20, f"worker {pid} grew by {growth / 2**20:.1f} MiB"
 
 
+def test_stop_discards_in_flight_attempts_of_remote_workers_and_keeps_committed(tmp_path):
+    import anyio
+
+    spec = JobSpec(task="toy-point", episodes=40, task_options={"step_sleep": 0.01}, video=VideoSettings(codec="h264"))
+    runner = JobRunner(spec, tmp_path / "store", executor=ExecutorConfig(kind="process", workers=2))
+
+    def on_progress(stats):
+        if stats.committed >= 2:
+            runner.stop()
+
+    runner.on_progress = on_progress
+    report = anyio.run(runner.run)
+    assert report.interrupted and 2 <= report.committed_total < 40
+    catalog = check_store(tmp_path / "store")
+    discarded = catalog.attempts(("discarded",))
+    catalog.close()
+    assert discarded and all(r.terminal_reason == "interrupted" and not r.counted for r in discarded)
+
+
 # ------------------------------------------------------------------------------------------ hung worker
 def test_a_hung_worker_is_replaced_and_its_attempt_fails_like_a_hung_thread(tmp_path):
     from noise_tasks import STALL_SEED
