@@ -196,7 +196,9 @@ def test_a_killed_driver_takes_its_workers_along_and_resumes(tmp_path, ray_clust
     resumed = Generate(*args)
     code, out, err = resumed.finish()
     assert code == 0, err
-    assert "recovery: discarded 1 interrupted attempt" in out or "recovery: discarded 2 interrupted" in out, out
+    # Recovery discards what the dead driver had in flight (its workers' attempts and any awaiting commit).
+    cleaned = re.search(r"recovery: discarded (\d+) interrupted attempt", out)
+    assert cleaned and int(cleaned.group(1)) >= 1, out
     assert identity(store) == toy_clean
     check_store(store).close()
 

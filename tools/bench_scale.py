@@ -12,8 +12,8 @@ Run from the repository root::
     evenly), with CPU utilisation (CPU seconds of the command and its worker processes / (wall x cores)).
     Target >= 1.4x.
 (c) Driver ingest ceiling: synthetic workers hand the driver pre-encoded pieces as fast as it takes them
-    (realistic sizes: ALOHA 1 camera 224x224 AV1 at 50 fps, 400-frame episodes; 2 cameras 480x640 AV1), and
-    only write + commit run. Committed frames/s and episodes/s, and from them the number of workers one driver
+    (realistic sizes: ALOHA 1 camera 224x224 AV1 at 50 fps, 400-frame episodes, packets of the size measured
+    in (a); 2 cameras 480x640, packets scaled by the pixel count), and only write + commit run. Committed frames/s and episodes/s, and from them the number of workers one driver
     serves at the per-worker rate measured in (b). Target >= 64 ALOHA workers.
 (d) Ray overhead: the Ray executor with 1 actor (on a local Ray started once, before timing) vs the process
     executor with 1 worker, on the episodes of (a). Target <= 1.10.
@@ -78,9 +78,20 @@ def generate(store: Path, episodes: int, *extra: str) -> dict[str, Any]:
     return cli("generate", *ALOHA, "--episodes", str(episodes), "--max-attempts", "1", "--store", str(store), *extra)
 
 
+def video_bytes_per_frame(store: Path) -> float:
+    from demoforge.storage.catalog import Catalog
+
+    catalog = Catalog(store)
+    try:
+        rows = catalog.committed()
+        return sum(sum(r.video_bytes.values()) for r in rows) / max(1, sum(r.frames or 0 for r in rows))
+    finally:
+        catalog.close()
+
+
 # ----------------------------------------------------------------------------------------- (c) ingest
 def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_per_episode: int, episodes: int,
-           workers: int) -> dict[str, Any]:
+           workers: int, packet_bytes: int) -> dict[str, Any]:
     """Write + commit alone, fed by synthetic workers that replay pre-encoded pieces instantly."""
     import anyio
     import numpy as np
@@ -93,7 +104,6 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
     from demoforge.pipeline.workers import driver
     from demoforge.pipeline.workers.config import ExecutorConfig
     from demoforge.pipeline.workers.episode_worker import Piece
-    from demoforge.stages.encode import CameraEncoder
 
     name = f"bench-ingest-{cameras}x{height}x{width}"
     specs = tuple(CameraSpec(f"cam{i}", height, width) for i in range(cameras))
@@ -103,18 +113,13 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
         register(TaskEntry(name=name, defaults={}, describe=lambda o: info, make_env=lambda o: None))
     except ValueError:
         pass
-    # Encode one episode's camera streams once (moving content, so packets have realistic sizes).
+    # The writer appends encoded bytes without looking into them: packets of the measured size stand in for
+    # real ones (random bytes, so compression in zarr cannot shrink them).
     video = VideoSettings()
-    packets: list[dict[str, bytes]] = [dict() for _ in range(frames_per_episode)]
-    tails: dict[str, bytes] = {}
     rng = np.random.default_rng(0)
-    base = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-    for spec in specs:
-        enc = CameraEncoder(spec, fps, video)
-        for i in range(frames_per_episode):
-            packets[i][spec.name] = enc.encode(np.roll(base, 3 * i, axis=1))
-        tails[spec.name] = enc.finish()
-    video_bytes = sum(len(b) for p in packets for b in p.values()) + sum(len(b) for b in tails.values())
+    packets = [{c.name: rng.bytes(packet_bytes) for c in specs} for _ in range(frames_per_episode)]
+    tails = {c.name: rng.bytes(packet_bytes) for c in specs}
+    video_bytes = packet_bytes * cameras * (frames_per_episode + 1)
     state = {"observation.state": np.zeros(14, np.float32)}
     action = np.zeros(14, np.float32)
 
@@ -197,6 +202,7 @@ def main() -> None:
         log(f"  generate, thread: {thread1['wall']:.1f} s")
         process1 = generate(tmp / "process1", n, "--executor", "process")
         log(f"  generate, process: {process1['wall']:.1f} s")
+        packet_bytes_measured = video_bytes_per_frame(tmp / "process1")
         # (b) ---------------------------------------------------------------------------------------
         m = n + 1
         log(f"(b) {m} episodes: 1 thread worker vs 2 process workers; load {load()}")
@@ -220,11 +226,17 @@ def main() -> None:
             shutil.rmtree(ray_tmp, ignore_errors=True)
         log(f"  ray, 1 actor: {ray1['wall']:.1f} s")
         # (c) ---------------------------------------------------------------------------------------
-        ingest_episodes = 6 if args.quick else 24
-        log(f"(c) driver ingest, {ingest_episodes} synthetic episodes each; load {load()}")
-        aloha_in = ingest(tmp / "ingest_aloha", 1, 224, 224, 50, 400, ingest_episodes, workers=8)
+        ingest_episodes = 6 if args.quick else 60
+        aloha_packet = round(packet_bytes_measured)
+        # 480x640 has 6.1x the pixels of 224x224: packets scaled by that (same content density, same codec).
+        big_packet = round(packet_bytes_measured * 480 * 640 / (224 * 224))
+        log(f"(c) driver ingest, {ingest_episodes} synthetic episodes; ALOHA packets {aloha_packet} B/frame "
+            f"(measured in (a)), 480x640 packets {big_packet} B/frame/camera; load {load()}")
+        aloha_in = ingest(tmp / "ingest_aloha", 1, 224, 224, 50, 400, ingest_episodes, workers=8,
+                          packet_bytes=aloha_packet)
         log(f"  ALOHA 224x224: {aloha_in['frames_per_s']:.0f} frames/s")
-        two_cam = ingest(tmp / "ingest_2cam", 2, 480, 640, 30, 300, max(4, ingest_episodes // 3), workers=8)
+        two_cam = ingest(tmp / "ingest_2cam", 2, 480, 640, 30, 300, max(4, ingest_episodes // 3), workers=8,
+                         packet_bytes=big_packet)
         log(f"  2 x 480x640: {two_cam['frames_per_s']:.0f} frames/s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,21 +28,23 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from demoforge.pipeline.contract import EpisodeResult, TerminalReason
 from demoforge.pipeline.job import JobSpec
 from demoforge.pipeline.records import AttemptEnded, AttemptKey, AttemptStarted, EncodedFrame, EpisodeAbandoned, \
-    Record, StagedAttempt
+    StagedAttempt
 from demoforge.pipeline.tasks.registry import TaskInfo, get_task
 from demoforge.pipeline.workers.config import EpisodeAssignment, ExecutorConfig, ExecutorError, \
     ExecutorUnavailableError, WorkersLostError
-from demoforge.pipeline.workers.episode_worker import WorkerSpec, interrupted_result, task_modules_for
+from demoforge.pipeline.workers.episode_worker import Piece, WorkerSpec, interrupted_result, task_modules_for
 from demoforge.pipeline.workers.process_backend import ProcessBackend, WorkerLost
 from demoforge.stages.step import StepTimeoutError
 
 
 class WorkerHandle(Protocol):
-    name: str
     pid: int | None
     host: str
 
-    def pieces(self, lease: EpisodeAssignment) -> Any: ...  # AsyncIterator[Piece]; raises WorkerLost
+    @property
+    def name(self) -> str: ...
+
+    def pieces(self, lease: EpisodeAssignment) -> AsyncIterator[Piece]: ...  # raises WorkerLost when it dies
 
     def kill(self) -> None: ...
 
@@ -208,7 +210,7 @@ class RemoteExecutor:
             await self.backend.aclose()
 
     # ------------------------------------------------------------------------------ the stage
-    async def run(self, assignments: MemoryObjectReceiveStream[EpisodeAssignment], send: MemoryObjectSendStream[Record],
+    async def run(self, assignments: MemoryObjectReceiveStream[EpisodeAssignment], send: MemoryObjectSendStream[Any],
                   stop: threading.Event) -> None:
         broker = self._broker = LeaseBroker(assignments, stop)
         async with send, anyio.create_task_group() as outer:
@@ -228,7 +230,7 @@ class RemoteExecutor:
             worker.kill()
         broker.wake()
 
-    async def _serve(self, slot: int, broker: LeaseBroker, send: MemoryObjectSendStream[Record],
+    async def _serve(self, slot: int, broker: LeaseBroker, send: MemoryObjectSendStream[Any],
                      stop: threading.Event) -> None:
         worker = self.workers[slot]
         while True:
@@ -268,7 +270,7 @@ class RemoteExecutor:
                 self.workers[slot] = worker
                 self.on_event(f"{worker.name} replaces a lost worker, on {worker.host}")
 
-    async def _lost(self, worker: WorkerHandle, state: _Lease, why: str, send: MemoryObjectSendStream[Record],
+    async def _lost(self, worker: WorkerHandle, state: _Lease, why: str, send: MemoryObjectSendStream[Any],
                     broker: LeaseBroker) -> None:
         """End the lost worker's attempt as interrupted and schedule its re-run (after the discard)."""
         if not self._stopping:
@@ -282,7 +284,7 @@ class RemoteExecutor:
         if not state.active and not state.finished and not self._stopping:
             broker.rerun(EpisodeAssignment(state.assignment.episode_index, state.next_attempt))
 
-    async def _hung(self, worker: WorkerHandle, state: _Lease, send: MemoryObjectSendStream[Record],
+    async def _hung(self, worker: WorkerHandle, state: _Lease, send: MemoryObjectSendStream[Any],
                     broker: LeaseBroker) -> None:
         """Like the thread executor's watchdog: the hung attempt ends as an error (counted) and the episode
         continues with its next attempt on another worker."""

@@ -16,6 +16,7 @@ import os
 import socket
 import time
 import traceback
+from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ PieceRecord = AttemptStarted | EncodedFrame | VideoTail | AttemptEnded | Episode
 # Set in every worker before any simulator is imported (a Ray worker does not inherit the driver's shell).
 WORKER_ENVIRONMENT = {"MUJOCO_GL": "egl", "SVT_LOG": "1", "HF_HUB_OFFLINE": "1"}
 MAX_PIECE_BYTES = 8 << 20  # a piece is also cut when its encoded bytes reach this...
+ENCODE_LAG = 2  # frames a camera's encoder may be behind the env
 MAX_PIECE_SECONDS = 0.5  # ...or when it has been filling this long: a slow env still reports progress, so the
 #                          driver can tell a hung worker (no piece within the step timeout) from a slow one
 
@@ -106,8 +108,8 @@ class EpisodeWorker:
         except Exception as exc:
             raise WorkerStartError(f"worker {spec.worker} ({where()}) cannot build task {spec.task!r}: "
                                    f"{type(exc).__name__}: {exc}") from None
-        self._pools = {c.name: ThreadPoolExecutor(1, thread_name_prefix=f"encode-{c.name}") for c in spec.cameras} \
-            if len(spec.cameras) > 1 else {}
+        # One thread per camera keeps each camera's frames in order.
+        self._pools = {c.name: ThreadPoolExecutor(1, thread_name_prefix=f"encode-{c.name}") for c in spec.cameras}
 
     def _build(self) -> Any:
         return self.entry.build(self.spec.task_options)
@@ -120,14 +122,14 @@ class EpisodeWorker:
 
     # ------------------------------------------------------------------------------------ one lease
     def run_lease(self, episode_index: int, first_attempt: int) -> Iterator[Piece]:
-        """All attempts of one episode, as pieces; never raises for the episode's own failures."""
+        """All attempts of one episode, as pieces; never raises for the episode's own failures.
+
+        Frames are encoded in one thread per camera while the env computes the next step (PyAV and MuJoCo
+        release the GIL), at most ``ENCODE_LAG`` frames behind; pieces carry frames in order."""
         from demoforge.pipeline.executor import Executor
 
         spec = self.spec
-        batch: list[PieceRecord] = []
-        frames = 0
-        size = 0
-        flushed = time.monotonic()
+        out = _PieceBuilder(spec.batch_frames)
         attempt = first_attempt
         while True:
             encoders: dict[str, Any] = {}
@@ -139,48 +141,52 @@ class EpisodeWorker:
                     if isinstance(record, AttemptStarted):
                         encoders = self._open_encoders()
                         active = [record.key, record.seed, record.row, 0]
-                        batch.append(record)
-                        yield Piece(tuple(batch), frames)  # at once: the driver knows which attempt runs
-                        batch, frames, size, flushed = [], 0, 0, time.monotonic()
+                        out.add(record)
+                        yield out.cut()  # at once: the driver knows which attempt runs
                     elif isinstance(record, Frame):
-                        encoded = self._encode(record, encoders)
+                        out.pending.append((record, self._submit(record, encoders)))
                         active[3] += 1
-                        batch.append(encoded)
-                        frames += 1
-                        size += sum(len(v) for v in encoded.video.values())
-                        if frames >= spec.batch_frames or size >= MAX_PIECE_BYTES or \
-                                time.monotonic() - flushed >= MAX_PIECE_SECONDS:
-                            yield Piece(tuple(batch), frames)
-                            batch, frames, size, flushed = [], 0, 0, time.monotonic()
+                        out.resolve(keep=ENCODE_LAG)
+                        if out.full():
+                            yield out.cut()
                     elif isinstance(record, AttemptEnded):
+                        out.resolve(keep=0)
                         mine, encoders, active = encoders, {}, []
                         if record.result.committable:
-                            batch.append(VideoTail(record.key, {n: e.finish() for n, e in mine.items()}))
+                            out.add(VideoTail(record.key, {n: e.finish() for n, e in mine.items()}))
                         else:
                             for enc in mine.values():
                                 enc.abort()
-                        batch.append(record)
-                        yield Piece(tuple(batch), frames)
-                        batch, frames, size = [], 0, 0
+                        out.add(record)
+                        yield out.cut()
                     else:
-                        batch.append(record)
+                        out.add(record)
                 break
             except Exception as exc:  # the env, the task or an encoder raised outside the executor's handling
+                out.drop_pending()
                 for enc in encoders.values():
                     enc.abort()
                 if not active:
                     raise  # not inside an attempt: a worker fault (the driver re-runs the lease elsewhere)
-                key, seed, row, done = active
-                batch.append(AttemptEnded(key=key, frames=done, result=_error_result(spec.task, key, seed, row, done,
-                                                                                     exc)))
-                yield Piece(tuple(batch), frames)
-                batch, frames, size = [], 0, 0
+                key, seed, row, _ = active
+                done = out.sent_frames.get(key, 0) + sum(1 for r in out.batch if isinstance(r, EncodedFrame)
+                                                         and r.key == key)
+                out.add(AttemptEnded(key=key, frames=done, result=_error_result(spec.task, key, seed, row, done, exc)))
+                yield out.cut()
                 self._rebuild()
                 attempt = key.attempt + 1
                 if attempt >= spec.max_attempts:
-                    batch.append(EpisodeAbandoned(episode_index, attempt, f"{type(exc).__name__}: {exc}"))
+                    out.add(EpisodeAbandoned(episode_index, attempt, f"{type(exc).__name__}: {exc}"))
                     break
-        yield Piece(tuple(batch), frames, lease_done=True)
+        yield out.cut(lease_done=True)
+
+    def _submit(self, frame: Frame, encoders: Mapping[str, Any]) -> dict[str, Future[bytes]]:
+        from demoforge.stages.encode import EncoderError
+
+        if set(frame.images) != set(encoders):
+            raise EncoderError(f"frame {frame.step} of {frame.key.episode_id} has cameras {sorted(frame.images)}; "
+                               f"the job declares {sorted(encoders)}")
+        return {n: self._pools[n].submit(encoders[n].encode, img) for n, img in frame.images.items()}
 
     def _rebuild(self) -> None:
         """After an unexpected exception the env's state is unknown: start the next attempt on a new one."""
@@ -195,19 +201,51 @@ class EpisodeWorker:
 
         return {c.name: CameraEncoder(c, self.spec.fps, self.spec.video) for c in self.spec.cameras}
 
-    def _encode(self, frame: Frame, encoders: Mapping[str, Any]) -> EncodedFrame:
-        from demoforge.stages.encode import EncoderError
+class _PieceBuilder:
+    """The piece being filled: resolved encoded frames in order, and frames still being encoded."""
 
-        if set(frame.images) != set(encoders):
-            raise EncoderError(f"frame {frame.step} of {frame.key.episode_id} has cameras {sorted(frame.images)}; "
-                               f"the job declares {sorted(encoders)}")
-        if self._pools:  # several cameras: encode them at once (PyAV releases the GIL)
-            futures: dict[str, Future[bytes]] = {n: self._pools[n].submit(encoders[n].encode, img)
-                                                 for n, img in frame.images.items()}
+    def __init__(self, batch_frames: int) -> None:
+        self.batch_frames = batch_frames
+        self.batch: list[PieceRecord] = []
+        self.pending: deque[tuple[Frame, dict[str, Future[bytes]]]] = deque()
+        self.frames = 0
+        self.size = 0
+        self.started = time.monotonic()
+        self.sent_frames: dict[AttemptKey, int] = {}
+
+    def add(self, record: PieceRecord) -> None:
+        self.batch.append(record)
+
+    def resolve(self, keep: int) -> None:
+        """Move encoded frames into the batch until at most ``keep`` are still being encoded."""
+        while len(self.pending) > keep:
+            frame, futures = self.pending.popleft()
             video = {n: f.result() for n, f in futures.items()}
-        else:
-            video = {n: encoders[n].encode(img) for n, img in frame.images.items()}
-        return EncodedFrame(frame.key, frame.step, frame.state, frame.action, frame.reward, frame.annotations, video)
+            self.batch.append(EncodedFrame(frame.key, frame.step, frame.state, frame.action, frame.reward,
+                                           frame.annotations, video))
+            self.frames += 1
+            self.size += sum(len(v) for v in video.values())
+
+    def full(self) -> bool:
+        return self.frames >= self.batch_frames or self.size >= MAX_PIECE_BYTES or \
+            time.monotonic() - self.started >= MAX_PIECE_SECONDS
+
+    def cut(self, lease_done: bool = False) -> Piece:
+        piece = Piece(tuple(self.batch), self.frames, lease_done)
+        for record in self.batch:
+            if isinstance(record, EncodedFrame):
+                self.sent_frames[record.key] = self.sent_frames.get(record.key, 0) + 1
+        self.batch, self.frames, self.size, self.started = [], 0, 0, time.monotonic()
+        return piece
+
+    def drop_pending(self) -> None:
+        for _, futures in self.pending:
+            for f in futures.values():
+                try:
+                    f.result()  # let the encoder thread finish before its encoder is aborted
+                except Exception:
+                    pass
+        self.pending.clear()
 
 
 class _OneEpisode:
