@@ -65,8 +65,11 @@ def cli(*args: str) -> dict[str, Any]:
         raise SystemExit(f"demoforge {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     frames = re.search(r"(\d+) frames,", done.stdout)
-    return {"wall": wall, "cpu": cpu, "util": cpu / (wall * (os.cpu_count() or 1)),
-            "frames": int(frames.group(1)) if frames else None, "stdout": done.stdout, "load": load()}
+    count = int(frames.group(1)) if frames else None
+    if count is None and args and args[0] == "run":  # `run` prints a table: count frames from its summary rows
+        count = sum(int(m.group(1)) for m in re.finditer(r"│\s*success\s*│\s*(\d+)\s*│", done.stdout))
+    return {"wall": wall, "cpu": cpu, "util": cpu / (wall * (os.cpu_count() or 1)), "frames": count,
+            "frames_per_cpu_s": (count or 0) / cpu if cpu else 0.0, "stdout": done.stdout, "load": load()}
 
 
 def run_env_only(episodes: int) -> dict[str, Any]:
@@ -172,14 +175,15 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
         shutil.rmtree(store, ignore_errors=True)
         spec = JobSpec(task=name, episodes=episodes, video=video)
         runner = JobRunner(spec, store, executor=ExecutorConfig(kind="process", workers=workers))
-        started = time.monotonic()
+        started, cpu0 = time.monotonic(), time.process_time()
         report = anyio.run(runner.run)
-        wall = time.monotonic() - started
+        wall, cpu = time.monotonic() - started, time.process_time() - cpu0
         busy = dict(runner.stats.busy)
     finally:
         driver.make_backend = real
     frames = report.frames_this_run
     return {"frames_per_s": frames / wall, "episodes_per_s": report.committed_this_run / wall, "wall": wall,
+            "cpu": cpu, "frames_per_cpu_s": frames / cpu,
             "frames": frames, "mb_per_s": video_bytes * episodes / wall / 2**20,
             "video_kb_per_frame": video_bytes / frames_per_episode / cameras / 1024, "busy": busy}
 
@@ -189,42 +193,45 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=3, help="episodes of (a) and (d); (b) uses one more "
                                                                 "(default 3)")
     parser.add_argument("--quick", action="store_true", help="1 episode, smaller ingest run (a smoke test)")
+    parser.add_argument("--ingest-only", action="store_true",
+                        help="only (c), with the env-only run of (a) for the per-worker rate")
     args = parser.parse_args()
     n = 1 if args.quick else args.episodes
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    rows: list[tuple[str, ...]] = []
     try:
         # (a) ---------------------------------------------------------------------------------------
         log(f"(a) aloha-transfer-cube, {n} episode(s), one worker; load {load()}")
         env_only = run_env_only(n)
         log(f"  env only: {env_only['wall']:.1f} s")
-        thread1 = generate(tmp / "thread1", n)
-        log(f"  generate, thread: {thread1['wall']:.1f} s")
+        if not args.ingest_only:
+            thread1 = generate(tmp / "thread1", n)
+            log(f"  generate, thread: {thread1['wall']:.1f} s")
         process1 = generate(tmp / "process1", n, "--executor", "process")
         log(f"  generate, process: {process1['wall']:.1f} s")
         packet_bytes_measured = video_bytes_per_frame(tmp / "process1")
-        # (b) ---------------------------------------------------------------------------------------
-        m = n + 1
-        log(f"(b) {m} episodes: 1 thread worker vs 2 process workers; load {load()}")
-        thread_b = generate(tmp / "thread_b", m)
-        log(f"  1 thread worker: {thread_b['wall']:.1f} s")
-        process_b = generate(tmp / "process_b", m, "--executor", "process", "--workers", "2")
-        log(f"  2 process workers: {process_b['wall']:.1f} s")
-        # (d) ---------------------------------------------------------------------------------------
-        log(f"(d) Ray, 1 actor, {n} episode(s) on a local Ray started before timing; load {load()}")
-        import ray
+        if not args.ingest_only:
+            # (b) ---------------------------------------------------------------------------------------
+            m = n + 1
+            log(f"(b) {m} episodes: 1 thread worker vs 2 process workers; load {load()}")
+            thread_b = generate(tmp / "thread_b", m)
+            log(f"  1 thread worker: {thread_b['wall']:.1f} s")
+            process_b = generate(tmp / "process_b", m, "--executor", "process", "--workers", "2")
+            log(f"  2 process workers: {process_b['wall']:.1f} s")
+            # (d) ---------------------------------------------------------------------------------------
+            log(f"(d) Ray, 1 actor, {n} episode(s) on a local Ray started before timing; load {load()}")
+            import ray
 
-        ray_tmp = tempfile.mkdtemp(prefix="dfray")
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
-        context = ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=256 << 20,
-                           _temp_dir=ray_tmp, logging_level="ERROR", log_to_driver=False)
-        try:
-            ray1 = generate(tmp / "ray1", n, "--executor", "ray", "--ray-address",
-                            context.address_info["gcs_address"])
-        finally:
-            ray.shutdown()
-            shutil.rmtree(ray_tmp, ignore_errors=True)
-        log(f"  ray, 1 actor: {ray1['wall']:.1f} s")
+            ray_tmp = tempfile.mkdtemp(prefix="dfray")
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
+            context = ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=256 << 20,
+                               _temp_dir=ray_tmp, logging_level="ERROR", log_to_driver=False)
+            try:
+                ray1 = generate(tmp / "ray1", n, "--executor", "ray", "--ray-address",
+                                context.address_info["gcs_address"])
+            finally:
+                ray.shutdown()
+                shutil.rmtree(ray_tmp, ignore_errors=True)
+            log(f"  ray, 1 actor: {ray1['wall']:.1f} s")
         # (c) ---------------------------------------------------------------------------------------
         ingest_episodes = 6 if args.quick else 60
         aloha_packet = round(packet_bytes_measured)
@@ -244,38 +251,40 @@ def main() -> None:
     def ratio(a: float, b: float) -> str:
         return f"{a / b:.3f}"
 
-    per_worker = process_b["frames"] / 2 / process_b["wall"] if process_b["frames"] else float("nan")
-    per_worker_1 = process1["frames"] / process1["wall"] if process1["frames"] else float("nan")
+    # A worker with a core to itself runs no faster than its env: env-only frames per CPU-second of (a).
+    worker_rate = env_only["frames_per_cpu_s"]
     print(f"\n## Scale-out benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
           f"shared machine: load {load()})\n")
-    print("| measurement | wall s | CPU s | CPU utilisation | ratio | target |")
-    print("|---|---|---|---|---|---|")
-    print(f"| (a) `demoforge run` (env only), {n} ep | {env_only['wall']:.1f} | {env_only['cpu']:.1f} | "
-          f"{env_only['util']:.0%} |  |  |")
-    print(f"| (a) generate, thread executor, 1 worker | {thread1['wall']:.1f} | {thread1['cpu']:.1f} | "
-          f"{thread1['util']:.0%} | {ratio(thread1['wall'], env_only['wall'])} vs env only |  |")
-    print(f"| (a) generate, process executor, 1 worker | {process1['wall']:.1f} | {process1['cpu']:.1f} | "
-          f"{process1['util']:.0%} | {ratio(process1['wall'], env_only['wall'])} vs env only | <= 1.05 |")
-    print(f"| (b) generate, thread executor, 1 worker, {m} ep | {thread_b['wall']:.1f} | {thread_b['cpu']:.1f} | "
-          f"{thread_b['util']:.0%} |  |  |")
-    print(f"| (b) generate, process executor, 2 workers, {m} ep | {process_b['wall']:.1f} | {process_b['cpu']:.1f} | "
-          f"{process_b['util']:.0%} | {ratio(thread_b['wall'], process_b['wall'])}x speed-up | >= 1.4x |")
-    print(f"| (d) generate, Ray executor, 1 actor, {n} ep | {ray1['wall']:.1f} | n/a (actors are not children) |  | "
-          f"{ratio(ray1['wall'], process1['wall'])} vs process, 1 worker | <= 1.10 |")
-    print()
+    if not args.ingest_only:
+        print("| measurement | wall s | CPU s | CPU utilisation | ratio | target |")
+        print("|---|---|---|---|---|---|")
+        print(f"| (a) `demoforge run` (env only), {n} ep | {env_only['wall']:.1f} | {env_only['cpu']:.1f} | "
+              f"{env_only['util']:.0%} |  |  |")
+        print(f"| (a) generate, thread executor, 1 worker | {thread1['wall']:.1f} | {thread1['cpu']:.1f} | "
+              f"{thread1['util']:.0%} | {ratio(thread1['wall'], env_only['wall'])} vs env only |  |")
+        print(f"| (a) generate, process executor, 1 worker | {process1['wall']:.1f} | {process1['cpu']:.1f} | "
+              f"{process1['util']:.0%} | {ratio(process1['wall'], env_only['wall'])} vs env only | <= 1.05 |")
+        print(f"| (b) generate, thread executor, 1 worker, {m} ep | {thread_b['wall']:.1f} | {thread_b['cpu']:.1f} | "
+              f"{thread_b['util']:.0%} |  |  |")
+        print(f"| (b) generate, process executor, 2 workers, {m} ep | {process_b['wall']:.1f} | {process_b['cpu']:.1f} | "
+              f"{process_b['util']:.0%} | {ratio(thread_b['wall'], process_b['wall'])}x speed-up | >= 1.4x |")
+        print(f"| (d) generate, Ray executor, 1 actor, {n} ep | {ray1['wall']:.1f} | n/a (actors are not children) |  | "
+              f"{ratio(ray1['wall'], process1['wall'])} vs process, 1 worker | <= 1.10 |")
+        print()
     print("| (c) driver ingest (write + commit only) | frames/s | episodes/s | MB/s of video | video KB/frame/camera "
-          "| workers served at the measured per-worker rate |")
-    print("|---|---|---|---|---|---|")
-    for label, r, frames_per_worker in (("ALOHA: 1 camera 224x224 AV1, 400-frame episodes", aloha_in, per_worker),
-                                        ("2 cameras 480x640 AV1, 300-frame episodes", two_cam, None)):
-        served = f"{r['frames_per_s'] / frames_per_worker:.0f} (at {frames_per_worker:.1f} frames/s per worker)" \
-            if frames_per_worker else "n/a (no measured worker rate for this task)"
+          "| frames per driver CPU-second | workers served (wall) | workers served (driver CPU) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, r in (("ALOHA: 1 camera 224x224 AV1, 400-frame episodes", aloha_in),
+                     ("2 cameras 480x640 AV1, 300-frame episodes", two_cam)):
+        served = (f"{r['frames_per_s'] / worker_rate:.0f} | {r['frames_per_cpu_s'] / worker_rate:.0f}"
+                  if r is aloha_in else "n/a (no measured worker for this task) | n/a")
         print(f"| {label} | {r['frames_per_s']:.0f} | {r['episodes_per_s']:.2f} | {r['mb_per_s']:.1f} | "
-              f"{r['video_kb_per_frame']:.1f} | {served} |")
+              f"{r['video_kb_per_frame']:.1f} | {r['frames_per_cpu_s']:.0f} | {served} |")
     print()
     busy = aloha_in["busy"]
-    print(f"ALOHA ingest busy time: write {busy.get('write', 0):.1f} s, commit {busy.get('commit', 0):.1f} s of "
-          f"{aloha_in['wall']:.1f} s wall. Per-worker rate, 1 process worker alone: {per_worker_1:.1f} frames/s.")
+    print(f"Workers served = ingest rate / {worker_rate:.1f} frames/s, the ALOHA env-only rate per CPU-second in (a) "
+          f"(a worker with a core to itself). ALOHA ingest: write busy {busy.get('write', 0):.1f} s, commit busy "
+          f"{busy.get('commit', 0):.1f} s, driver CPU {aloha_in['cpu']:.1f} s, of {aloha_in['wall']:.1f} s wall.")
 
 
 if __name__ == "__main__":
