@@ -136,12 +136,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------ generate
+def _executor_config(args: argparse.Namespace):
+    from demoforge.pipeline.workers.config import ExecutorConfig
+
+    return ExecutorConfig(kind=args.executor, workers=args.workers, ray_address=args.ray_address,
+                          cpus_per_worker=args.cpus_per_worker, max_in_flight=args.max_in_flight)
+
+
 def _job_spec(args: argparse.Namespace):
     from demoforge.pipeline.job import JobSpec, VideoSettings
 
     video = VideoSettings(codec=args.codec, crf=args.crf, g=args.gop, encoder_threads=args.encoder_threads)
+    # Remote workers are counted by the executor's config (up to 1024); env threads by the job (up to 64).
+    threads = args.workers if args.executor == "thread" else 1
     return JobSpec(task=args.task, episodes=args.episodes, task_options=_parse_options(args.option),
-                   seed=args.seed, max_attempts=args.max_attempts, workers=args.workers, num_envs=args.num_envs,
+                   seed=args.seed, max_attempts=args.max_attempts, workers=threads, num_envs=args.num_envs,
                    video=video, queue_frames=args.queue_frames, step_timeout_s=args.step_timeout or None,
                    max_consecutive_abandoned=args.max_consecutive_abandoned)
 
@@ -153,6 +162,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     import anyio
 
+    executor = _executor_config(args)
     spec = _job_spec(args)
     console = _console(stderr=True)
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -171,7 +181,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 last_line[0] = time.monotonic()
                 console.print(f"committed {stats.total_committed}/{spec.episodes}  {detail}")
 
-    runner = JobRunner(spec, args.store, on_progress)
+    runner = JobRunner(spec, args.store, on_progress, executor=executor,
+                       on_event=lambda line: console.print(line, markup=False, highlight=False))
     with progress:
         progress.update(bar, completed=0)
         report = anyio.run(lambda: runner.run(handle_signals=True))
@@ -530,7 +541,16 @@ def build_parser() -> argparse.ArgumentParser:
     job_args(p)
     p.add_argument("--store", type=Path, required=True,
                    help="the job's store folder (created if new; re-run with the same one to resume). Required")
-    p.add_argument("--workers", type=int, default=1, help="env worker threads")
+    p.add_argument("--workers", type=int, default=1,
+                   help="env workers: threads, processes or Ray actors, per --executor")
+    p.add_argument("--executor", choices=["thread", "process", "ray"], default="thread",
+                   help="where env workers run: threads in this process, worker processes on this machine, or "
+                        "Ray actors (see docs/scale-out.md)")
+    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                   help="join a running Ray cluster (HOST:PORT or auto; None: start a local Ray)")
+    p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs Ray reserves for each actor")
+    p.add_argument("--max-in-flight", type=int, default=4,
+                   help="pieces (of up to 16 encoded frames) a remote worker may run ahead of the writer")
     p.add_argument("--num-envs", type=int, default=1, help="vector-env rows per worker")
     p.add_argument("--codec", default="libsvtav1", help="libsvtav1 (LeRobot's default), h264, hevc")
     p.add_argument("--crf", type=int, default=30, help="encoder quality (lower: better, larger)")
@@ -658,6 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from demoforge.pipeline.job import JobConfigError
     from demoforge.pipeline.replay_run import ReplayInputError
     from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError
+    from demoforge.pipeline.workers.config import ExecutorError, WorkersLostError
     from demoforge.storage.catalog import JobMismatchError
     from demoforge.storage.errors import StoreError
     from demoforge.storage.lerobot_export import ExportError
@@ -669,7 +690,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit_malloc_arenas()
     make_uninitialized_reads_deterministic()
     known = (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
-             ExportError, DaemonConfigError, ViewerError, ReplayInputError, StagingFormatError)
+             ExportError, DaemonConfigError, ViewerError, ReplayInputError, ExecutorError, StagingFormatError)
     err = _console(stderr=True)
     try:
         try:
@@ -678,7 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.debug:
                 raise
             leaves = _leaves(group)
-            if leaves and all(isinstance(e, known) for e in leaves):
+            if leaves and all(isinstance(e, known + (WorkersLostError,)) for e in leaves):
                 raise leaves[0] from None
             # The first real failure; the others are usually its consequences (a closed stream, a cancel).
             first = next((e for e in leaves if is_write_error(e)), None) or next(
@@ -686,6 +707,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if first is not None:
                 raise first from None
             raise
+    except WorkersLostError as exc:
+        _console(stderr=True).print(f"demoforge {args.command}: error: {exc}", markup=False)
+        return EXIT_FAIL
     except known as exc:
         if args.debug:
             raise

@@ -80,7 +80,8 @@ class GenerationDaemon:
         self.log = log
         self.metrics = JobMetrics()
         self.runner = JobRunner(config.spec, config.store, on_progress=self._on_progress,
-                                on_outcome=self._on_outcome)
+                                on_outcome=self._on_outcome, executor=config.executor,
+                                on_event=lambda line: self.log.emit("executor", detail=line))
         self._since_export = 0
         self._export_due = anyio.Event()
         self._signals = 0

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED, JobConfigError, JobSpec, VideoSettings
+from demoforge.pipeline.workers.config import ExecutorConfig, ExecutorError
 
 UNBOUNDED_EPISODES = 10_000_000
 
@@ -34,6 +35,7 @@ class DaemonConfig:
     json_logs: bool = False
     unbounded: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
 
 # section -> key -> (type(s), description)
@@ -43,7 +45,11 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
             "workers": ((int,), "env worker threads"), "num_envs": ((int,), "vector rows per worker"),
             "queue_frames": ((int,), "queue capacity"), "options": ((dict,), "task options table"),
             "step_timeout_seconds": ((int, float), "seconds an env call may take before its attempt is aborted"),
-            "max_consecutive_abandoned": ((int,), "stop when this many episodes in a row were abandoned (0: never)")},
+            "max_consecutive_abandoned": ((int,), "stop when this many episodes in a row were abandoned (0: never)"),
+            "executor": ((str,), "where env workers run: thread, process or ray")},
+    "ray": {"address": ((str,), "HOST:PORT or \"auto\" of a running Ray cluster (default: start a local Ray)"),
+            "num_workers": ((int,), "Ray actors (default: job.workers)"),
+            "cpus_per_worker": ((int, float), "CPUs each actor reserves")},
     "video": {"codec": ((str,), "codec"), "crf": ((int,), "quality"), "g": ((int,), "keyframe interval"),
               "preset": ((int, str), "encoder preset"), "encoder_threads": ((int,), "threads per encoder")},
     "store": {"dir": ((str,), "staging store directory")},
@@ -109,7 +115,8 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
         spec = JobSpec(task=_require(raw, "job", "task"),
                        episodes=UNBOUNDED_EPISODES if unbounded else int(episodes),
                        task_options=dict(job.get("options", {})), seed=job.get("seed", 0),
-                       max_attempts=job.get("max_attempts", 3), workers=job.get("workers", 1),
+                       max_attempts=job.get("max_attempts", 3),
+                       workers=job.get("workers", 1) if job.get("executor", "thread") == "thread" else 1,
                        num_envs=job.get("num_envs", 1), queue_frames=job.get("queue_frames", 32), video=settings,
                        step_timeout_s=float(job.get("step_timeout_seconds", 60.0)),
                        max_consecutive_abandoned=job.get("max_consecutive_abandoned",
@@ -121,6 +128,7 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
         if isinstance(exc, DaemonConfigError):
             raise
         raise DaemonConfigError(f"[job]/[video]: {exc}") from None
+    executor = _executor(job, raw.get("ray"))
     export = raw.get("export", {})
     metrics = raw.get("metrics", {}).get("address", "127.0.0.1:9464")
     host, port = "127.0.0.1", None
@@ -154,4 +162,16 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
         metrics_host=host or "127.0.0.1", metrics_port=port, min_free_mb=int(numbers["disk.min_free_mb"]),
         disk_check_seconds=float(numbers["disk.check_seconds"]),
         shutdown_deadline_seconds=float(numbers["shutdown.deadline_seconds"]),
-        json_logs=bool(raw.get("log", {}).get("json", False)), unbounded=unbounded)
+        json_logs=bool(raw.get("log", {}).get("json", False)), unbounded=unbounded, executor=executor)
+
+
+def _executor(job: Mapping[str, Any], ray: Mapping[str, Any] | None) -> ExecutorConfig:
+    kind = job.get("executor", "thread")
+    if ray is not None and kind != "ray":
+        raise DaemonConfigError(f"a [ray] section is set but job.executor is {kind!r}; set job.executor = \"ray\"")
+    ray = ray or {}
+    try:
+        return ExecutorConfig(kind=kind, workers=ray.get("num_workers", job.get("workers", 1)),
+                              ray_address=ray.get("address"), cpus_per_worker=ray.get("cpus_per_worker", 1.0))
+    except ExecutorError as exc:
+        raise DaemonConfigError(f"[job]/[ray]: {exc}") from None

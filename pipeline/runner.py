@@ -27,6 +27,8 @@ from demoforge.pipeline.faults import stage_delays
 from demoforge.pipeline.job import JobSpec
 from demoforge.pipeline.records import EpisodeAssignment, Record, StagedAttempt
 from demoforge.pipeline.tasks.registry import get_task
+from demoforge.pipeline.workers.config import ExecutorConfig
+from demoforge.pipeline.workers.driver import RemoteExecutor
 from demoforge.stages.commit import commit_stage
 from demoforge.stages.encode import encode_stage
 from demoforge.stages.plan import EpisodePlanner, RunawayStop
@@ -89,8 +91,11 @@ class JobRunner:
 
     def __init__(self, spec: JobSpec, store_dir: Path | str,
                  on_progress: Callable[[JobStats], None] | None = None,
-                 on_outcome: Callable[[StagedAttempt], None] | None = None) -> None:
+                 on_outcome: Callable[[StagedAttempt], None] | None = None,
+                 executor: ExecutorConfig | None = None, on_event: Callable[[str], None] | None = None) -> None:
         self.spec = spec
+        self.executor = executor or ExecutorConfig(workers=spec.workers)
+        self.on_event = on_event  # one-line notes of a scale-out executor: workers started, lost, replaced
         self.store_dir = Path(store_dir)
         self.entry = get_task(spec.task)
         self.info = self.entry.info(spec.task_options)
@@ -130,7 +135,16 @@ class JobRunner:
     async def run(self, handle_signals: bool = False) -> JobReport:
         spec, info = self.spec, self.info
         delays = stage_delays()
-        store = await anyio.to_thread.run_sync(JobStore.open, self.store_dir, spec.fingerprint(info))
+        remote = None
+        if self.executor.remote:  # workers first: a bad address or task fails before the store is touched
+            remote = RemoteExecutor(self.executor, spec, info, self.on_event)
+            await remote.start()
+        try:
+            store = await anyio.to_thread.run_sync(JobStore.open, self.store_dir, spec.fingerprint(info))
+        except BaseException:
+            if remote is not None:
+                await remote.aclose()
+            raise
         try:
             resume = store.catalog.resume_state()
             planner = self._planner = EpisodePlanner(spec.episodes, resume, spec.max_attempts,
@@ -154,6 +168,8 @@ class JobRunner:
                 else:
                     stats.discarded[result.terminal_reason.value] += 1
                 stats.attempts += 1
+                if remote is not None:
+                    remote.attempt_outcome(item)  # a lost worker's attempt is re-run once its discard is done
                 stats.last_commit_at = time.time() if result.committable else stats.last_commit_at
                 if self.on_outcome is not None:
                     self.on_outcome(item)
@@ -167,16 +183,22 @@ class JobRunner:
                     assign_send.close()
                 else:
                     tg.start_soon(planner.run, assign_send)
-                async with assign_recv, step_send:
-                    for worker in range(spec.workers):
-                        tg.start_soon(lambda w=worker: step_stage(
-                            w, lambda: self.entry.build(spec.task_options), task=spec.task,
-                            num_envs=spec.num_envs, job_seed=spec.seed, max_attempts=spec.max_attempts,
-                            assignments=assign_recv.clone(), send=step_send.clone(), stop=self._stop,
-                            delay_s=delays.get("step", 0.0), busy=stats.busy, step_timeout_s=spec.step_timeout_s))
-                tg.start_soon(lambda: encode_stage(step_recv, enc_send, cameras=info.cameras, fps=info.fps,
-                                                   settings=spec.video, delay_s=delays.get("encode", 0.0),
-                                                   busy=stats.busy))
+                if remote is not None:  # remote workers step, render and encode; their pieces feed the write stage
+                    stats.queues.pop("step->encode")
+                    step_send.close()
+                    step_recv.close()
+                    tg.start_soon(remote.run, assign_recv, enc_send, self._stop)
+                else:
+                    async with assign_recv, step_send:
+                        for worker in range(spec.workers):
+                            tg.start_soon(lambda w=worker: step_stage(
+                                w, lambda: self.entry.build(spec.task_options), task=spec.task,
+                                num_envs=spec.num_envs, job_seed=spec.seed, max_attempts=spec.max_attempts,
+                                assignments=assign_recv.clone(), send=step_send.clone(), stop=self._stop,
+                                delay_s=delays.get("step", 0.0), busy=stats.busy, step_timeout_s=spec.step_timeout_s))
+                    tg.start_soon(lambda: encode_stage(step_recv, enc_send, cameras=info.cameras, fps=info.fps,
+                                                       settings=spec.video, delay_s=delays.get("encode", 0.0),
+                                                       busy=stats.busy))
                 tg.start_soon(lambda: write_stage(enc_recv, write_send, staging=store.staging,
                                                   catalog=store.catalog, delay_s=delays.get("write", 0.0),
                                                   busy=stats.busy))
@@ -195,6 +217,8 @@ class JobRunner:
             raise
         finally:
             self._planner = None
+            if remote is not None:
+                await remote.aclose()
             await anyio.to_thread.run_sync(store.close)
 
     async def _watch_signals(self, tg: TaskGroup) -> None:
@@ -208,6 +232,6 @@ class JobRunner:
 
 
 def run_job(spec: JobSpec, store_dir: Path | str, on_progress: Callable[[JobStats], None] | None = None,
-            handle_signals: bool = False) -> JobReport:
-    runner = JobRunner(spec, store_dir, on_progress)
+            handle_signals: bool = False, executor: ExecutorConfig | None = None) -> JobReport:
+    runner = JobRunner(spec, store_dir, on_progress, executor=executor)
     return anyio.run(lambda: runner.run(handle_signals=handle_signals))

@@ -179,7 +179,9 @@ class DatasetSource(EpisodeSource):
         except (OSError, ValueError) as exc:  # MarkerError is a ValueError
             raise EpisodeSourceError(f"cannot read the metadata of {path}: {exc}") from None
         try:
-            self.schema = JobSchema(task=schema["task"], fps=int(schema["fps"]),
+            # Markers name no task since a dataset may hold several jobs; each sidecar row names its own.
+            task = schema.get("task") or (str(sidecar[0]["task"]) if sidecar else "")
+            self.schema = JobSchema(task=task, fps=int(schema["fps"]),
                                     state_shapes={k: tuple(v) for k, v in schema["state_shapes"].items()},
                                     action_shape=tuple(schema["action_shape"]),
                                     cameras=tuple((c, int(h), int(w)) for c, h, w in schema["cameras"]),

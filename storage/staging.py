@@ -38,6 +38,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -313,14 +314,22 @@ class StagingStore:
         return staged_episode_ids(self.store_dir)
 
     def make_durable(self, episode_id: str) -> None:
-        """fsync every file and directory of the episode, then its parents (zarr itself never fsyncs)."""
+        """fsync every file and directory of the episode, then its parents (zarr itself never fsyncs).
+
+        The episode's files and folders are fsynced concurrently: the filesystem folds concurrent fsyncs
+        into few journal commits (measured 5-15x faster for an episode's ~50 files than one after another,
+        docs/scale-out.md); all of them have returned before this does."""
         self._writable(f"make episode {episode_id} durable")
         path = self.episode_path(episode_id)
         with writing(f"staged data of episode {episode_id} (fsync)", path):
+            files: list[Path] = []
+            dirs: list[Path] = []
             for dirpath, _dirnames, filenames in os.walk(path):
-                for name in filenames:
-                    fsync_file(Path(dirpath) / name)
-                fsync_dir(Path(dirpath))
+                files.extend(Path(dirpath) / name for name in filenames)
+                dirs.append(Path(dirpath))
+            pool = _fsync_pool()
+            list(pool.map(fsync_file, files))
+            list(pool.map(fsync_dir, dirs))
             fsync_dir(path.parent)
             fsync_dir(self.path)
 
@@ -382,6 +391,16 @@ class StagingStore:
         """Temp files a killed zarr write leaves behind (``*.partial``)."""
         if self.path.exists():
             yield from self.path.rglob("*.partial")
+
+
+_FSYNC_POOL: ThreadPoolExecutor | None = None
+
+
+def _fsync_pool() -> ThreadPoolExecutor:
+    global _FSYNC_POOL
+    if _FSYNC_POOL is None:
+        _FSYNC_POOL = ThreadPoolExecutor(16, thread_name_prefix="fsync")
+    return _FSYNC_POOL
 
 
 def fsync_file(path: Path) -> None:

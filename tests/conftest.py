@@ -30,3 +30,30 @@ def register_task() -> Iterator[Callable]:
             return entry
 
         yield register
+
+
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for the whole test session (start-up takes seconds); yields its GCS address,
+    which `demoforge generate --executor ray --ray-address` joins. Its workers import the project and the
+    test task modules through the PYTHONPATH set here."""
+    import ray
+
+    repo = Path(__file__).resolve().parent.parent
+    paths = [str(repo), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    # Ray's socket paths must stay under 108 bytes: a short folder, not pytest's deep tmp_path.
+    temp_dir = tempfile.mkdtemp(prefix="dfray")
+    context = ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20, _temp_dir=temp_dir,
+                       logging_level="ERROR", log_to_driver=False)
+    try:
+        yield context.address_info["gcs_address"]
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)

@@ -371,7 +371,7 @@ class TwoCameraPointEnv(toy_tasks.CameraPointEnv):
 
 
 def _two_camera_info(options):
-    info = toy_tasks._info(options)
+    info = toy_tasks.describe(options)
     return dataclasses.replace(info, name="toy-two-cameras",
                                cameras=(*info.cameras, CameraSpec("wrist", options["size"], options["size"])))
 

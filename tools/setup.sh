@@ -50,7 +50,7 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "installing Python packages (first run downloads a few GiB: torch comes as a CUDA build)"
     .venv/bin/python -m pip install -q --upgrade pip </dev/null
-    .venv/bin/python -m pip install -q -e '.[test]' </dev/null
+    .venv/bin/python -m pip install -q -e '.[test,ray]' </dev/null  # one resolve: see pyproject's ray extra
     echo "$want" > "$stamp"
 fi
 # The editable install maps the repository folders into the demoforge package; check that it imports.

@@ -1,0 +1,326 @@
+"""The driver side of a scale-out executor: leases episodes to remote workers and feeds their pieces into
+the write stage's input, in place of the in-process step and encode stages.
+
+::
+
+    plan ──> LeaseBroker ──lease──> worker k (process / Ray actor): step, render, encode
+                  ^                       │ pieces (bounded: max_in_flight per worker)
+                  │ re-runs               v
+                  └──────────────── slot k ──records──> write ──> commit ──(discard done)──┘
+
+A worker that dies loses only its in-flight attempt: the driver ends it as ``interrupted`` (not counted,
+discarded by the commit stage like recovery after a crash) and, once the commit stage has deleted its
+staged folder, leases the same attempt number (same episode id, same seed) again, to a live or replacement
+worker. Waiting for the discard matters: the re-run writes to the same staging folder.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from demoforge.pipeline.contract import EpisodeResult, TerminalReason
+from demoforge.pipeline.job import JobSpec
+from demoforge.pipeline.records import AttemptEnded, AttemptKey, AttemptStarted, EncodedFrame, EpisodeAbandoned, \
+    StagedAttempt
+from demoforge.pipeline.tasks.registry import TaskInfo, get_task
+from demoforge.pipeline.workers.config import EpisodeAssignment, ExecutorConfig, ExecutorError, \
+    ExecutorUnavailableError, WorkersLostError
+from demoforge.pipeline.workers.episode_worker import Piece, WorkerSpec, interrupted_result, task_modules_for
+from demoforge.pipeline.workers.process_backend import ProcessBackend, WorkerLost
+from demoforge.stages.step import StepTimeoutError
+
+
+class WorkerHandle(Protocol):
+    pid: int | None
+    host: str
+
+    @property
+    def name(self) -> str: ...
+
+    def pieces(self, lease: EpisodeAssignment) -> AsyncIterator[Piece]: ...  # raises WorkerLost when it dies
+
+    def kill(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Backend(Protocol):
+    kind: str
+
+    async def connect(self) -> str: ...
+
+    async def start_worker(self, slot: int, spec: WorkerSpec) -> WorkerHandle: ...
+
+    async def aclose(self) -> None: ...
+
+
+def make_backend(config: ExecutorConfig) -> Backend:
+    if config.kind == "process":
+        return ProcessBackend(config)
+    if config.kind == "ray":
+        try:
+            from demoforge.pipeline.workers.ray_backend import RayBackend
+        except ImportError as exc:  # ray itself is missing (the module imports it lazily; this is belt and braces)
+            raise ExecutorUnavailableError(f"--executor ray needs Ray: {exc}") from None
+        return RayBackend(config)
+    raise ValueError(f"executor {config.kind!r} does not run remote workers")
+
+
+class LeaseBroker:
+    """Hands out work: re-runs of lost attempts first, then the planner's assignments.
+
+    It takes an assignment from the planner only while a worker is asking, so the planner's rendezvous
+    semantics (no offer left waiting in a queue) hold. ``None`` means no more work: the plan has ended, no
+    re-run is pending and none can still appear."""
+
+    def __init__(self, receive: MemoryObjectReceiveStream[EpisodeAssignment], stop: threading.Event) -> None:
+        self._receive = receive
+        self._stop = stop
+        self.retries: deque[EpisodeAssignment] = deque()
+        self.held: deque[EpisodeAssignment] = deque()
+        self.pending = 0  # lost attempts whose discard has not completed yet
+        self.plan_done = False
+        self.asking = 0
+        self._changed = anyio.Event()
+
+    def wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def run(self) -> None:
+        async with self._receive:
+            while True:
+                while not (self.asking > len(self.held) + len(self.retries)):
+                    await self._changed.wait()
+                try:
+                    item = await self._receive.receive()
+                except (anyio.EndOfStream, anyio.ClosedResourceError):
+                    self.plan_done = True
+                    self.wake()
+                    return
+                self.held.append(item)
+                self.wake()
+
+    async def request(self) -> EpisodeAssignment | None:
+        self.asking += 1
+        self.wake()
+        try:
+            while True:
+                if self._stop.is_set():
+                    return None
+                if self.retries:
+                    return self.retries.popleft()
+                if self.held:
+                    return self.held.popleft()
+                if self.plan_done and self.pending == 0:
+                    return None
+                await self._changed.wait()
+        finally:
+            self.asking -= 1
+
+    def rerun(self, assignment: EpisodeAssignment) -> None:
+        self.retries.append(assignment)
+        self.wake()
+
+
+@dataclass
+class _Lease:
+    """What the driver knows of one leased episode from the records it has forwarded."""
+
+    assignment: EpisodeAssignment
+    next_attempt: int
+    active: dict[AttemptKey, list[int]] = field(default_factory=dict)  # key -> [seed, row, frames]
+    finished: bool = False
+    hung: bool = False
+
+    def track(self, record: Any) -> None:
+        if isinstance(record, AttemptStarted):
+            self.active[record.key] = [record.seed, record.row, 0]
+        elif isinstance(record, EncodedFrame):
+            self.active[record.key][2] += 1
+        elif isinstance(record, AttemptEnded):
+            self.active.pop(record.key, None)
+            result = record.result
+            if result.committable:
+                self.finished = True
+            else:
+                self.next_attempt = record.key.attempt + (1 if result.counts_as_attempt else 0)
+        elif isinstance(record, EpisodeAbandoned):
+            self.finished = True
+
+
+class RemoteExecutor:
+    """Runs a job's env workers remotely. Start it (workers ready, or a clear error) before the store is
+    opened; :meth:`run` is the stage; :meth:`attempt_outcome` is called by the commit stage's callback."""
+
+    def __init__(self, config: ExecutorConfig, spec: JobSpec, info: TaskInfo,
+                 on_event: Callable[[str], None] | None = None) -> None:
+        if spec.num_envs != 1:
+            raise ExecutorError(f"--num-envs {spec.num_envs} applies to the thread executor; the {config.kind} "
+                                "executor runs one env per worker: use more workers instead")
+        self.config = config
+        self.job = spec
+        self.backend = make_backend(config)
+        self.spec = WorkerSpec(task=spec.task, task_options=dict(info.options), job_seed=spec.seed,
+                               max_attempts=spec.max_attempts, video=spec.video, cameras=tuple(info.cameras),
+                               fps=info.fps, batch_frames=config.batch_frames,
+                               task_modules=task_modules_for(get_task(spec.task)))
+        self.on_event = on_event or (lambda _line: None)
+        self.workers: dict[int, WorkerHandle] = {}
+        self.losses = 0
+        self.max_losses = 3 * config.workers + 3
+        self._awaiting_discard: dict[AttemptKey, EpisodeAssignment] = {}
+        self._broker: LeaseBroker | None = None
+        self._stopping = False
+        # No piece for this long from a worker that has room to send one: its env hangs (see _serve).
+        self._piece_timeout_s = None if spec.step_timeout_s is None else spec.step_timeout_s + 5.0
+
+    # ------------------------------------------------------------------------------ start / close
+    async def start(self) -> None:
+        """Connect the backend and start every worker (concurrently); raises a clear error on failure."""
+        detail = await self.backend.connect()
+        self.on_event(f"executor {self.config.kind}: {detail}")
+        try:
+            async with anyio.create_task_group() as tg:
+                for slot in range(self.config.workers):
+                    tg.start_soon(self._start_slot, slot)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def _start_slot(self, slot: int) -> None:
+        worker = await self.backend.start_worker(slot, _with_worker(self.spec, slot))
+        self.workers[slot] = worker
+        self.on_event(f"{worker.name} ready on {worker.host}")
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            for worker in list(self.workers.values()):
+                worker.kill()
+            for worker in list(self.workers.values()):
+                await worker.aclose()
+            self.workers.clear()
+            await self.backend.aclose()
+
+    # ------------------------------------------------------------------------------ the stage
+    async def run(self, assignments: MemoryObjectReceiveStream[EpisodeAssignment], send: MemoryObjectSendStream[Any],
+                  stop: threading.Event) -> None:
+        broker = self._broker = LeaseBroker(assignments, stop)
+        async with send, anyio.create_task_group() as outer:
+            outer.start_soon(broker.run)
+            outer.start_soon(self._watch_stop, stop, broker)
+            async with anyio.create_task_group() as slots:
+                for slot in list(self.workers):
+                    slots.start_soon(self._serve, slot, broker, send, stop)
+            outer.cancel_scope.cancel()
+
+    async def _watch_stop(self, stop: threading.Event, broker: LeaseBroker) -> None:
+        """``stop()`` ends in-flight attempts now: kill the workers; their attempts end as interrupted."""
+        while not stop.is_set():
+            await anyio.sleep(0.05)
+        self._stopping = True
+        for worker in list(self.workers.values()):
+            worker.kill()
+        broker.wake()
+
+    async def _serve(self, slot: int, broker: LeaseBroker, send: MemoryObjectSendStream[Any],
+                     stop: threading.Event) -> None:
+        worker = self.workers[slot]
+        while True:
+            lease = await broker.request()
+            if lease is None:
+                return
+            state = _Lease(lease, lease.first_attempt)
+            try:
+                pieces = worker.pieces(lease)
+                while True:
+                    # A worker with room to run ahead sends a piece at least every MAX_PIECE_SECONDS plus one
+                    # env step: none within the step timeout means its env hangs.
+                    with anyio.move_on_after(self._piece_timeout_s) as waited:
+                        try:
+                            piece = await pieces.__anext__()
+                        except StopAsyncIteration:
+                            break
+                    if waited.cancelled_caught:
+                        worker.kill()
+                        await self._hung(worker, state, send, broker)
+                        raise WorkerLost(f"{worker.name} hung")
+                    for record in piece.records:
+                        await send.send(record)
+                        state.track(record)
+            except WorkerLost as exc:
+                if not state.hung:
+                    await self._lost(worker, state, str(exc), send, broker)
+                await worker.aclose()
+                del self.workers[slot]
+                if self._stopping or stop.is_set():
+                    return
+                self.losses += 1
+                if self.losses > self.max_losses:
+                    raise WorkersLostError(f"{self.losses} workers were lost (the last: {exc}); stopping. Committed "
+                                           "episodes are kept: re-run the same command to resume.") from None
+                worker = await self.backend.start_worker(slot, _with_worker(self.spec, slot))
+                self.workers[slot] = worker
+                self.on_event(f"{worker.name} replaces a lost worker, on {worker.host}")
+
+    async def _lost(self, worker: WorkerHandle, state: _Lease, why: str, send: MemoryObjectSendStream[Any],
+                    broker: LeaseBroker) -> None:
+        """End the lost worker's attempt as interrupted and schedule its re-run (after the discard)."""
+        if not self._stopping:
+            self.on_event(f"{why}; its in-flight attempt is discarded and re-run")
+        for key, (seed, row, frames) in sorted(state.active.items()):
+            result = interrupted_result(self.job.task, key, seed, row, frames, f"interrupted: {why}")
+            if not self._stopping:
+                self._awaiting_discard[key] = EpisodeAssignment(key.episode_index, key.attempt)
+                broker.pending += 1
+            await send.send(AttemptEnded(key=key, result=result, frames=frames))
+        if not state.active and not state.finished and not self._stopping:
+            broker.rerun(EpisodeAssignment(state.assignment.episode_index, state.next_attempt))
+
+    async def _hung(self, worker: WorkerHandle, state: _Lease, send: MemoryObjectSendStream[Any],
+                    broker: LeaseBroker) -> None:
+        """Like the thread executor's watchdog: the hung attempt ends as an error (counted) and the episode
+        continues with its next attempt on another worker."""
+        state.hung = True
+        timeout = self.job.step_timeout_s
+        self.on_event(f"{worker.name} sent nothing for {self._piece_timeout_s:g} s (step timeout {timeout:g} s); "
+                      "its attempt is aborted and the worker replaced")
+        if not state.active:  # hung before its attempt started (building or resetting the env): re-run as lost
+            broker.rerun(EpisodeAssignment(state.assignment.episode_index, state.next_attempt))
+            return
+        for key, (seed, row, frames) in sorted(state.active.items()):
+            error = StepTimeoutError(f"the env did not return within {timeout:g} s; attempt aborted and the worker "
+                                     "replaced", task=self.job.task)
+            await send.send(AttemptEnded(key=key, frames=frames, result=EpisodeResult(
+                task=self.job.task, episode_index=key.episode_index, attempt=key.attempt, seed=seed, row=row,
+                length=frames, completed=False, success=False, terminated=False, truncated=False,
+                terminal_reason=TerminalReason.ERROR, segments=(), error=str(error),
+                error_type=type(error).__name__)))
+            if key.attempt + 1 < self.job.max_attempts:
+                broker.rerun(EpisodeAssignment(key.episode_index, key.attempt + 1))
+            else:
+                await send.send(EpisodeAbandoned(key.episode_index, key.attempt + 1, str(error)))
+
+    def attempt_outcome(self, item: StagedAttempt) -> None:
+        """The commit stage finished with an attempt; a lost one may now be re-run (its folder is gone)."""
+        assignment = self._awaiting_discard.pop(item.ended.key, None)
+        if assignment is None or self._broker is None:
+            return
+        self._broker.pending -= 1
+        if not self._stopping:
+            self._broker.rerun(assignment)
+        else:
+            self._broker.wake()
+
+
+def _with_worker(spec: WorkerSpec, slot: int) -> WorkerSpec:
+    from dataclasses import replace
+
+    return replace(spec, worker=slot)

@@ -1,0 +1,279 @@
+"""The worker side of a scale-out executor: one env, the executor, and fresh camera encoders per attempt.
+
+A worker runs one leased episode at a time (all its attempts, as the executor retries them) and returns it
+as a stream of bounded :class:`Piece` s: at most ``batch_frames`` encoded frames each, cut at every attempt's
+end. The records inside are the ones the write stage already consumes (``AttemptStarted``, ``EncodedFrame``,
+``VideoTail``, ``AttemptEnded``, ``EpisodeAbandoned``), so the driver feeds them in unchanged.
+
+Encoded bytes equal a thread run's: every attempt gets new encoders with the job's settings, and an encoder's
+output depends only on its settings and the frames it is fed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import time
+import traceback
+from collections import deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from demoforge.pipeline.contract import EpisodeResult, TerminalReason
+from demoforge.pipeline.job import VideoSettings
+from demoforge.pipeline.records import AttemptEnded, AttemptKey, AttemptStarted, EncodedFrame, EpisodeAbandoned, \
+    Frame, VideoTail
+from demoforge.pipeline.tasks.registry import CameraSpec
+from demoforge.pipeline.workers.config import EpisodeAssignment, WorkerStartError
+
+PieceRecord = AttemptStarted | EncodedFrame | VideoTail | AttemptEnded | EpisodeAbandoned
+
+# Set in every worker before any simulator is imported (a Ray worker does not inherit the driver's shell).
+WORKER_ENVIRONMENT = {"MUJOCO_GL": "egl", "SVT_LOG": "1", "HF_HUB_OFFLINE": "1"}
+MAX_PIECE_BYTES = 8 << 20  # a piece is also cut when its encoded bytes reach this...
+ENCODE_LAG = 2  # frames a camera's encoder may be behind the env
+MAX_PIECE_SECONDS = 0.5  # ...or when it has been filling this long: a slow env still reports progress, so the
+#                          driver can tell a hung worker (no piece within the step timeout) from a slow one
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A bounded slice of one lease's output; ``lease_done`` marks the lease's last piece."""
+
+    records: tuple[PieceRecord, ...]
+    frames: int = 0
+    lease_done: bool = False
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to produce a job's episodes (picklable, sent once at start)."""
+
+    task: str
+    task_options: Mapping[str, Any]
+    job_seed: int
+    max_attempts: int
+    video: VideoSettings
+    cameras: tuple[CameraSpec, ...]
+    fps: int
+    batch_frames: int
+    worker: int = 0
+    task_modules: tuple[str, ...] = ()  # imported before the task is looked up (plugins register tasks)
+    environment: Mapping[str, str] = field(default_factory=lambda: dict(WORKER_ENVIRONMENT))
+
+
+def task_modules_for(task_entry: Any) -> tuple[str, ...]:
+    """Modules a worker must import to know the task: ``DEMOFORGE_TASK_MODULES`` plus the module that
+    defined the task's env factory (a task registered by a test or an embedding program)."""
+    names = [m.strip() for m in os.environ.get("DEMOFORGE_TASK_MODULES", "").split(",") if m.strip()]
+    module = getattr(task_entry.make_env, "__module__", None)
+    if module and module != "__main__" and not module.startswith("demoforge.") and module not in names:
+        names.append(module)
+    return tuple(names)
+
+
+def where() -> str:
+    return f"pid {os.getpid()} on {socket.gethostname()}"
+
+
+class EpisodeWorker:
+    """Builds the task's env once and runs leases on it; see the module docstring."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        for key, value in spec.environment.items():
+            os.environ.setdefault(key, value)
+        self.spec = spec
+        from demoforge.pipeline.tasks.registry import UnknownTaskError, get_task
+
+        failures = []
+        for module in spec.task_modules:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:  # any import-time failure of a plugin: report it with the task's name
+                failures.append(f"importing module {module!r} failed: {type(exc).__name__}: {exc}")
+        try:
+            self.entry = get_task(spec.task)
+        except UnknownTaskError:
+            detail = "; ".join(failures) or "no installed module registers it"
+            raise WorkerStartError(
+                f"worker {spec.worker} ({where()}) cannot import task {spec.task!r}: {detail}. Install the project "
+                "and the task's plugin on every worker machine (and list plugin modules in "
+                "DEMOFORGE_TASK_MODULES).") from None
+        self.env: Any = None
+        try:
+            self.env = self._build()
+        except Exception as exc:
+            raise WorkerStartError(f"worker {spec.worker} ({where()}) cannot build task {spec.task!r}: "
+                                   f"{type(exc).__name__}: {exc}") from None
+        # One thread per camera keeps each camera's frames in order.
+        self._pools = {c.name: ThreadPoolExecutor(1, thread_name_prefix=f"encode-{c.name}") for c in spec.cameras}
+
+    def _build(self) -> Any:
+        return self.entry.build(self.spec.task_options)
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+        for pool in self._pools.values():
+            pool.shutdown(wait=False)
+
+    # ------------------------------------------------------------------------------------ one lease
+    def run_lease(self, episode_index: int, first_attempt: int) -> Iterator[Piece]:
+        """All attempts of one episode, as pieces; never raises for the episode's own failures.
+
+        Frames are encoded in one thread per camera while the env computes the next step (PyAV and MuJoCo
+        release the GIL), at most ``ENCODE_LAG`` frames behind; pieces carry frames in order."""
+        from demoforge.pipeline.executor import Executor
+
+        spec = self.spec
+        out = _PieceBuilder(spec.batch_frames)
+        attempt = first_attempt
+        while True:
+            encoders: dict[str, Any] = {}
+            active: list[Any] = []  # [key, seed, row, frames] of the attempt in progress
+            try:
+                executor = Executor(self.env, task=spec.task, job_seed=spec.job_seed, max_attempts=spec.max_attempts,
+                                    worker=spec.worker)
+                for record in executor.run(_OneEpisode(EpisodeAssignment(episode_index, attempt))):
+                    if isinstance(record, AttemptStarted):
+                        encoders = self._open_encoders()
+                        active = [record.key, record.seed, record.row, 0]
+                        out.add(record)
+                        yield out.cut()  # at once: the driver knows which attempt runs
+                    elif isinstance(record, Frame):
+                        out.pending.append((record, self._submit(record, encoders)))
+                        active[3] += 1
+                        out.resolve(keep=ENCODE_LAG)
+                        if out.full():
+                            yield out.cut()
+                    elif isinstance(record, AttemptEnded):
+                        out.resolve(keep=0)
+                        mine, encoders, active = encoders, {}, []
+                        if record.result.committable:
+                            out.add(VideoTail(record.key, {n: e.finish() for n, e in mine.items()}))
+                        else:
+                            for enc in mine.values():
+                                enc.abort()
+                        out.add(record)
+                        yield out.cut()
+                    else:
+                        out.add(record)
+                break
+            except Exception as exc:  # the env, the task or an encoder raised outside the executor's handling
+                out.drop_pending()
+                for enc in encoders.values():
+                    enc.abort()
+                if not active:
+                    raise  # not inside an attempt: a worker fault (the driver re-runs the lease elsewhere)
+                key, seed, row, _ = active
+                done = out.sent_frames.get(key, 0) + sum(1 for r in out.batch if isinstance(r, EncodedFrame)
+                                                         and r.key == key)
+                out.add(AttemptEnded(key=key, frames=done, result=_error_result(spec.task, key, seed, row, done, exc)))
+                yield out.cut()
+                self._rebuild()
+                attempt = key.attempt + 1
+                if attempt >= spec.max_attempts:
+                    out.add(EpisodeAbandoned(episode_index, attempt, f"{type(exc).__name__}: {exc}"))
+                    break
+        yield out.cut(lease_done=True)
+
+    def _submit(self, frame: Frame, encoders: Mapping[str, Any]) -> dict[str, Future[bytes]]:
+        from demoforge.stages.encode import EncoderError
+
+        if set(frame.images) != set(encoders):
+            raise EncoderError(f"frame {frame.step} of {frame.key.episode_id} has cameras {sorted(frame.images)}; "
+                               f"the job declares {sorted(encoders)}")
+        return {n: self._pools[n].submit(encoders[n].encode, img) for n, img in frame.images.items()}
+
+    def _rebuild(self) -> None:
+        """After an unexpected exception the env's state is unknown: start the next attempt on a new one."""
+        try:
+            self.env.close()
+        except Exception:
+            pass
+        self.env = self._build()
+
+    def _open_encoders(self) -> dict[str, Any]:
+        from demoforge.stages.encode import CameraEncoder
+
+        return {c.name: CameraEncoder(c, self.spec.fps, self.spec.video) for c in self.spec.cameras}
+
+class _PieceBuilder:
+    """The piece being filled: resolved encoded frames in order, and frames still being encoded."""
+
+    def __init__(self, batch_frames: int) -> None:
+        self.batch_frames = batch_frames
+        self.batch: list[PieceRecord] = []
+        self.pending: deque[tuple[Frame, dict[str, Future[bytes]]]] = deque()
+        self.frames = 0
+        self.size = 0
+        self.started = time.monotonic()
+        self.sent_frames: dict[AttemptKey, int] = {}
+
+    def add(self, record: PieceRecord) -> None:
+        self.batch.append(record)
+
+    def resolve(self, keep: int) -> None:
+        """Move encoded frames into the batch until at most ``keep`` are still being encoded."""
+        while len(self.pending) > keep:
+            frame, futures = self.pending.popleft()
+            video = {n: f.result() for n, f in futures.items()}
+            self.batch.append(EncodedFrame(frame.key, frame.step, frame.state, frame.action, frame.reward,
+                                           frame.annotations, video))
+            self.frames += 1
+            self.size += sum(len(v) for v in video.values())
+
+    def full(self) -> bool:
+        return self.frames >= self.batch_frames or self.size >= MAX_PIECE_BYTES or \
+            time.monotonic() - self.started >= MAX_PIECE_SECONDS
+
+    def cut(self, lease_done: bool = False) -> Piece:
+        piece = Piece(tuple(self.batch), self.frames, lease_done)
+        for record in self.batch:
+            if isinstance(record, EncodedFrame):
+                self.sent_frames[record.key] = self.sent_frames.get(record.key, 0) + 1
+        self.batch, self.frames, self.size, self.started = [], 0, 0, time.monotonic()
+        return piece
+
+    def drop_pending(self) -> None:
+        for _, futures in self.pending:
+            for f in futures.values():
+                try:
+                    f.result()  # let the encoder thread finish before its encoder is aborted
+                except Exception:
+                    pass
+        self.pending.clear()
+
+
+class _OneEpisode:
+    """A work source holding one assignment."""
+
+    def __init__(self, assignment: EpisodeAssignment) -> None:
+        self._assignment: EpisodeAssignment | None = assignment
+
+    def next_episode(self, wait: bool = True) -> EpisodeAssignment | None:
+        assignment, self._assignment = self._assignment, None
+        return assignment
+
+
+def _error_result(task: str, key: AttemptKey, seed: int, row: int, frames: int, exc: BaseException) -> EpisodeResult:
+    return EpisodeResult(task=task, episode_index=key.episode_index, attempt=key.attempt, seed=seed, row=row,
+                         length=frames, completed=False, success=False, terminated=False, truncated=False,
+                         terminal_reason=TerminalReason.ERROR, segments=(),
+                         error=f"worker ({where()}) raised {type(exc).__name__}: {exc}", error_type=type(exc).__name__)
+
+
+def interrupted_result(task: str, key: AttemptKey, seed: int, row: int, frames: int, why: str) -> EpisodeResult:
+    """The end the driver gives an attempt whose worker was lost: not counted, re-run with the same number."""
+    return EpisodeResult(task=task, episode_index=key.episode_index, attempt=key.attempt, seed=seed, row=row,
+                         length=frames, completed=False, success=False, terminated=False, truncated=False,
+                         terminal_reason=TerminalReason.INTERRUPTED, segments=(), error=why,
+                         error_type="WorkerLostError")
+
+
+def format_exception(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+

@@ -1,0 +1,409 @@
+"""Scale-out executors with real worker processes and a real local Ray cluster: the same episodes as a thread
+run, worker and driver kills, backpressure, and bad input."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+import psutil
+import pytest
+
+import noise_tasks  # noqa: F401  (registers toy-noise)
+import toy_tasks  # noqa: F401  (registers toy-point)
+from demoforge.pipeline.executor import derive_seed
+from demoforge.pipeline.job import JobSpec, VideoSettings
+from demoforge.pipeline.runner import JobRunner, run_job
+from demoforge.pipeline.workers.config import ExecutorConfig
+from demoforge.storage.catalog import Catalog
+from demoforge.storage.staging import VIDEO_CHUNK_BYTES, StagingStore
+from demoforge.storage.store import layout_from_fingerprint
+from demoforge.storage.verify import verify_store
+from helpers import cli_env, demoforge_argv
+
+pytestmark = pytest.mark.slow
+
+FETCH_ARGS = ("--task", "fetch-pick-place", "--option", "cycles=1", "--option", "image_size=64", "--episodes", "3")
+# Toy episodes of 60 steps x 20 ms: long enough that a kill lands mid-episode, short enough for the suite.
+TOY_EPISODES = 6
+TOY_ARGS = ("--task", "toy-point", "--episodes", str(TOY_EPISODES), "--codec", "h264", "--option", "steps=60",
+            "--option", "step_sleep=0.02", "--option", "fail_every=3")
+# The commit stage is slowed so a lost attempt's discard is still queued when its re-run could start: a re-run
+# released before the discard finished would collide with the dead attempt's catalog row and staging folder.
+SLOW_COMMIT = "commit:0.3"
+
+
+def identity(store: Path) -> list[tuple]:
+    catalog = Catalog(store)
+    try:
+        return [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash) for r in catalog.committed()]
+    finally:
+        catalog.close()
+
+
+def check_store(store: Path) -> Catalog:
+    """No attempt left staging, no staged folder without a committed row, every committed episode verifies."""
+    catalog = Catalog(store)
+    staging = StagingStore(store, layout_from_fingerprint(catalog.fingerprint()))
+    assert not catalog.attempts(("staging",))
+    assert set(staging.episode_ids()) == {r.episode_id for r in catalog.committed()}
+    assert verify_store(catalog, staging).ok
+    return catalog
+
+
+def thread_run(store: Path, *args: str) -> list[tuple]:
+    """The reference: a thread-executor run in a fresh process. (In a process that has already encoded with
+    another codec, the thread executor's encoders can produce different bytes: after an in-process AV1 run,
+    the next h264 run's first episodes differed; a fresh process per reference run sidesteps that.)"""
+    done = subprocess.run(demoforge_argv("generate", *args, "--store", str(store)), env=cli_env(),
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    return identity(store)
+
+
+@pytest.fixture(scope="module")
+def toy_clean(tmp_path_factory) -> list[tuple]:
+    return thread_run(tmp_path_factory.mktemp("clean") / "store", *TOY_ARGS)
+
+
+class Generate:
+    """`demoforge generate` in a subprocess, its stderr collected line by line (worker pids are read from it)."""
+
+    def __init__(self, *args: str, **env: str) -> None:
+        self.proc = subprocess.Popen(demoforge_argv("generate", *args), env=cli_env(**env), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def worker_pids(self, count: int, timeout: float = 120) -> list[int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pids = [int(m.group(1)) for line in list(self.lines) if (m := re.search(r"pid (\d+)\) ready", line))]
+            if len(pids) >= count:
+                return pids
+            assert self.proc.poll() is None, "".join(self.lines)
+            time.sleep(0.05)
+        raise AssertionError(f"{count} workers not ready: {''.join(self.lines)}")
+
+    def finish(self, timeout: float = 300) -> tuple[int, str, str]:
+        self.proc.wait(timeout=timeout)  # stdout holds a few lines: its pipe never fills
+        assert self.proc.stdout is not None
+        out = self.proc.stdout.read()
+        self._reader.join(timeout=10)
+        return self.proc.returncode, out, "".join(self.lines)
+
+
+def wait_mid_episode(store: Path, worker: int | None = None, timeout: float = 120) -> None:
+    """Until an episode is committed and an attempt (of ``worker``, if given) is in the middle of its episode:
+    a staging row opened less than 0.4 s ago. (An older one may belong to an attempt that has ended and waits
+    for its commit; toy episodes take at least 1.2 s, and a row opens with the attempt's first piece.)"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (store / "catalog.sqlite").exists():
+            db = sqlite3.connect(store / "catalog.sqlite", timeout=30)
+            try:
+                committed = db.execute("SELECT COUNT(*) FROM attempts WHERE state = 'committed'").fetchone()[0]
+                staging = [w for (w,) in db.execute("SELECT worker FROM attempts WHERE state = 'staging' AND "
+                                                     "created_at > ?", (time.time() - 0.4,))]
+            except sqlite3.OperationalError:  # the schema is not written yet
+                committed, staging = 0, []
+            finally:
+                db.close()
+            if committed and (staging if worker is None else worker in staging):
+                return
+        time.sleep(0.02)
+    raise AssertionError("no attempt in flight within the timeout")
+
+
+def gone(pids: list[int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def executor_args(kind: str, ray_address: str | None) -> tuple[str, ...]:
+    args = ("--executor", kind, "--workers", "2")
+    return args + ("--ray-address", ray_address) if kind == "ray" else args
+
+
+# ------------------------------------------------------------------------------------------ equality
+def test_process_and_ray_executors_commit_what_a_thread_run_commits(tmp_path, ray_cluster):
+    from demoforge.storage.validate import validate_dataset
+
+    expected = thread_run(tmp_path / "thread", *FETCH_ARGS)
+    assert len(expected) == 3
+    for kind in ("process", "ray"):
+        store, dataset = tmp_path / kind, tmp_path / f"{kind}-dataset"
+        run = Generate(*FETCH_ARGS, "--store", str(store), "--export", str(dataset),
+                       *executor_args(kind, ray_cluster))
+        code, out, err = run.finish()
+        assert code == 0, err
+        assert len(run.worker_pids(2)) == 2
+        # Same episode, attempt, seed, frame count and content hash (numbers and AV1 bytes) as the thread run.
+        assert identity(store) == expected, kind
+        check_store(store).close()
+        report = validate_dataset(dataset)
+        assert report.status == 0, (kind, report.to_json())
+
+
+# ------------------------------------------------------------------------------------------ kills
+@pytest.mark.parametrize("kind", ["process", "ray"])
+def test_a_killed_worker_loses_nothing_and_its_attempt_is_rerun(tmp_path, ray_cluster, toy_clean, kind):
+    store = tmp_path / "store"
+    run = Generate(*TOY_ARGS, "--store", str(store), *executor_args(kind, ray_cluster),
+                   DEMOFORGE_STAGE_DELAY=SLOW_COMMIT)
+    victim = run.worker_pids(2)[0]  # worker 0 is the first to report ready, or worker 1: read its slot
+    slot = int(re.search(rf"worker (\d+) \([^)]*pid {victim}\)", "".join(run.lines)).group(1))
+    wait_mid_episode(store, worker=slot)
+    os.kill(victim, signal.SIGKILL)
+    code, out, err = run.finish()
+    assert code == 0, err
+    assert "replaces a lost worker" in err and "its in-flight attempt is discarded and re-run" in err, err
+    assert identity(store) == toy_clean  # nothing lost, nothing duplicated, same bytes
+    catalog = check_store(store)
+    lost = [r for r in catalog.attempts(("discarded",)) if r.terminal_reason == "interrupted"]
+    catalog.close()
+    assert lost and all(not r.counted and "is gone" in (r.reason or "") for r in lost)
+    # The lost attempt was re-run with its own number and seed (not counted as a failure).
+    assert {(r.episode_index, r.attempt) for r in lost} <= {(e[0], a) for e in toy_clean for a in range(e[1] + 1)}
+
+
+@pytest.mark.parametrize("kind", ["process", "ray"])
+def test_a_killed_driver_takes_its_workers_along_and_resumes(tmp_path, ray_cluster, toy_clean, kind):
+    store = tmp_path / "store"
+    args = (*TOY_ARGS, "--store", str(store), *executor_args(kind, ray_cluster))
+    run = Generate(*args)
+    workers = run.worker_pids(2)
+    wait_mid_episode(store)
+    run.proc.send_signal(signal.SIGKILL)
+    run.finish(timeout=30)
+    assert gone(workers, timeout=30), f"{kind} workers outlived their driver"
+    resumed = Generate(*args)
+    code, out, err = resumed.finish()
+    assert code == 0, err
+    # Recovery discards what the dead driver had in flight (its workers' attempts and any awaiting commit).
+    cleaned = re.search(r"recovery: discarded (\d+) interrupted attempt", out)
+    assert cleaned and int(cleaned.group(1)) >= 1, out
+    assert identity(store) == toy_clean
+    check_store(store).close()
+
+
+# ------------------------------------------------------------------------------------------ backpressure
+def test_a_slow_writer_slows_the_workers_and_memory_stays_bounded(tmp_path, monkeypatch):
+    """The driver's writer sleeps per frame: workers block on their in-flight limit, nothing is dropped, and
+    neither the driver's Python heap nor a worker's RSS grows with what the run produces."""
+    delay = 0.005
+    monkeypatch.setenv("DEMOFORGE_STAGE_DELAY", f"write:{delay}")
+    size, steps, episodes, workers = 128, 250, 6, 2
+    config = ExecutorConfig(kind="process", workers=workers, max_in_flight=2, batch_frames=8)
+    spec = JobSpec(task="toy-noise", episodes=episodes, task_options={"size": size, "steps": steps},
+                   video=VideoSettings(codec="h264", crf=10), queue_frames=8)
+    pids: list[int] = []
+    rss: dict[int, list[int]] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for pid in list(pids):
+                try:
+                    rss.setdefault(pid, []).append(psutil.Process(pid).memory_info().rss)
+                except psutil.Error:
+                    pass
+            time.sleep(0.1)
+
+    def on_event(line: str) -> None:
+        if m := re.search(r"pid (\d+)\) ready", line):
+            pids.append(int(m.group(1)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    runner = JobRunner(spec, tmp_path / "store", executor=config, on_event=on_event)
+    import anyio
+
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        report = anyio.run(runner.run)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        done.set()
+        sampler.join()
+    elapsed = time.monotonic() - started
+    produced = steps * episodes
+    assert report.frames_this_run == produced and report.committed_total == episodes  # nothing dropped
+    assert elapsed >= produced * delay  # the writer paced the run
+    catalog = Catalog(tmp_path / "store")
+    encoded = sum(sum(r.video_bytes.values()) for r in catalog.committed())
+    catalog.close()
+    per_frame = encoded / produced
+    # What the driver may hold: two queues of queue_frames records plus, per worker, the pieces in flight
+    # (max_in_flight + the one being forwarded) of batch_frames frames (x2 for per-record overhead); the
+    # write stage's buffers of each attempt being written (up to two 1 MiB video chunks); 2 MiB for the rest.
+    held_frames = 2 * spec.queue_frames + workers * (config.max_in_flight + 1) * config.batch_frames
+    bound = held_frames * per_frame * 2 + workers * 2 * VIDEO_CHUNK_BYTES + (2 << 20)
+    assert peak < bound, f"driver peak {peak / 2**20:.1f} MiB > bound {bound / 2**20:.1f} MiB"
+    assert encoded > 2 * bound, "the run must produce far more than the bound for the check to mean anything"
+    print(f"driver peak {peak / 2**20:.1f} MiB, bound {bound / 2**20:.1f} MiB, encoded {encoded / 2**20:.1f} MiB")
+    assert len(rss) == workers
+    for pid, samples in rss.items():
+        # After its first episode a worker's memory is flat: it never holds more than its in-flight pieces.
+        settled = samples[len(samples) // 4:]
+        growth = max(settled) - settled[0]
+        print(f"worker {pid}: RSS {settled[0] / 2**20:.0f} -> max {max(settled) / 2**20:.0f} MiB")
+        assert growth < 32 << 20, f"worker {pid} grew by {growth / 2**20:.1f} MiB"
+
+
+def test_stop_discards_in_flight_attempts_of_remote_workers_and_keeps_committed(tmp_path):
+    import anyio
+
+    spec = JobSpec(task="toy-point", episodes=40, task_options={"step_sleep": 0.01}, video=VideoSettings(codec="h264"))
+    runner = JobRunner(spec, tmp_path / "store", executor=ExecutorConfig(kind="process", workers=2))
+
+    def on_progress(stats):
+        if stats.committed >= 2:
+            runner.stop()
+
+    runner.on_progress = on_progress
+    report = anyio.run(runner.run)
+    assert report.interrupted and 2 <= report.committed_total < 40
+    catalog = check_store(tmp_path / "store")
+    discarded = catalog.attempts(("discarded",))
+    catalog.close()
+    assert discarded and all(r.terminal_reason == "interrupted" and not r.counted for r in discarded)
+
+
+# ------------------------------------------------------------------------------------------ hung worker
+def test_a_hung_worker_is_replaced_and_its_attempt_fails_like_a_hung_thread(tmp_path):
+    from noise_tasks import STALL_SEED
+
+    assert STALL_SEED == derive_seed(0, 1, 0)
+    started = time.monotonic()
+    report = run_job(JobSpec(task="toy-stall", episodes=4, video=VideoSettings(codec="h264"), step_timeout_s=1.0),
+                     tmp_path / "store", executor=ExecutorConfig(kind="process", workers=2))
+    assert time.monotonic() - started < 90
+    assert report.committed_total == 4 and report.discarded == {"error": 1}
+    catalog = check_store(tmp_path / "store")
+    attempts = catalog.attempts()
+    catalog.close()
+    (hung,) = [r for r in attempts if r.state == "discarded"]
+    assert (hung.episode_index, hung.attempt, hung.counted) == (1, 0, True)
+    assert "did not return within 1 s" in hung.reason
+    assert [r.attempt for r in attempts if r.episode_index == 1 and r.state == "committed"] == [1]
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--executor", "spark"), "invalid choice: 'spark'"),
+    (("--executor", "process", "--workers", "0"), "number of workers (--workers) must be an integer in [1, 1024]"),
+    (("--executor", "ray", "--workers", "0"), "number of workers (--workers) must be an integer in [1, 1024]"),
+    (("--executor", "thread", "--ray-address", "127.0.0.1:6379"), "use --executor ray"),
+])
+def test_bad_executor_settings_exit_2_and_touch_nothing(tmp_path, args, message):
+    store = tmp_path / "store"
+    done = subprocess.run(demoforge_argv("generate", "--task", "toy-point", "--episodes", "1", "--store", str(store),
+                                         *args), env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not store.exists()
+
+
+def test_an_unreachable_ray_address_fails_fast_and_touches_nothing(tmp_path):
+    store = tmp_path / "store"
+    started = time.monotonic()
+    done = subprocess.run(demoforge_argv("generate", "--task", "toy-point", "--episodes", "1", "--store", str(store),
+                                         "--executor", "ray", "--ray-address", f"127.0.0.1:{_free_port()}"),
+                          env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "no Ray cluster is reachable at 127.0.0.1:" in done.stderr and "ray start --head" in done.stderr
+    assert "Traceback" not in done.stderr and not store.exists()
+    assert time.monotonic() - started < 60
+
+
+def test_without_ray_installed_the_ray_executor_says_how_to_install_it(tmp_path):
+    store = tmp_path / "store"
+    code = ("import sys; sys.modules['ray'] = None; from demoforge.pipeline.cli import main; "
+            f"sys.exit(main(['generate', '--task', 'toy-point', '--episodes', '1', '--store', {str(store)!r}, "
+            "'--executor', 'ray']))")
+    done = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "needs Ray, which is not installed" in done.stderr and "pip install 'demoforge[ray]'" in done.stderr
+    assert "Traceback" not in done.stderr and not store.exists()
+
+
+def test_a_task_the_workers_cannot_import_is_named(tmp_path, ray_cluster):
+    """A task plugin installed on the driver only: the Ray workers cannot import it."""
+    plugins = tmp_path / "driver_only"
+    plugins.mkdir()
+    (plugins / "driver_only_task.py").write_text(
+        "from demoforge.pipeline.tasks.registry import TaskEntry, register\n"
+        "from toy_tasks import DEFAULTS, CameraPointEnv, _info\n"
+        "register(TaskEntry(name='driver-only', defaults=DEFAULTS, describe=_info,\n"
+        "                   make_env=lambda o: CameraPointEnv(dict(o))))\n")
+    env = cli_env(DEMOFORGE_TASK_MODULES="toy_tasks,driver_only_task")
+    env["PYTHONPATH"] = os.pathsep.join([str(plugins), env["PYTHONPATH"]])
+    store = tmp_path / "store"
+    done = subprocess.run(demoforge_argv("generate", "--task", "driver-only", "--episodes", "1", "--store", str(store),
+                                         "--codec", "h264", "--executor", "ray", "--ray-address", ray_cluster),
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "cannot import task 'driver-only'" in done.stderr and "driver_only_task" in done.stderr
+    assert "Install the project and the task's plugin on every worker machine" in done.stderr
+    assert "Traceback" not in done.stderr and not store.exists()
+
+
+# ------------------------------------------------------------------------------------------ daemon job file
+def _job_file(tmp_path: Path, job_extra: str, tail: str = "") -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(f'[job]\ntask = "toy-point"\nepisodes = 2\n{job_extra}\n[store]\ndir = "store"\n'
+                    f'[metrics]\naddress = "off"\n{tail}')
+    return path
+
+
+def test_the_daemon_job_file_chooses_the_executor(tmp_path):
+    from demoforge.pipeline.daemon_config import load_config
+
+    config = load_config(_job_file(tmp_path, 'executor = "ray"\nworkers = 2',
+                                   '[ray]\naddress = "head:6379"\nnum_workers = 100\ncpus_per_worker = 0.5\n'))
+    assert config.executor == ExecutorConfig(kind="ray", workers=100, ray_address="head:6379", cpus_per_worker=0.5)
+    assert load_config(_job_file(tmp_path, 'executor = "process"\nworkers = 3')).executor == \
+        ExecutorConfig(kind="process", workers=3)
+    assert load_config(_job_file(tmp_path, "")).executor == ExecutorConfig()
+
+
+@pytest.mark.parametrize("job_extra, tail, message", [
+    ('executor = "spark"', "", "unknown executor 'spark'"),
+    ('executor = "process"\nworkers = 0', "", "number of workers (--workers) must be"),
+    ('executor = "ray"', "[ray]\nnum_workers = 0\n", "number of workers (--workers) must be"),
+    ('executor = "thread"', '[ray]\naddress = "auto"\n', "a [ray] section is set but job.executor is 'thread'"),
+    ('executor = "ray"', "[ray]\ncpus = 2\n", "unknown key ray.cpus"),
+])
+def test_bad_executor_settings_in_the_job_file_are_named(tmp_path, job_extra, tail, message):
+    from demoforge.pipeline.daemon_config import DaemonConfigError, load_config
+
+    with pytest.raises(DaemonConfigError) as info:
+        load_config(_job_file(tmp_path, job_extra, tail))
+    assert message in str(info.value)
