@@ -160,9 +160,11 @@ def test_an_altered_state_frame_that_verify_accepts_diverges_at_that_frame(fetch
     shutil.copytree(fetch_store, store)
     episode, frame, element = 2, 17, 3  # observation.state[3]: the cube's x position
     episode_id, record = committed_records(store)[episode]
-    array = zarr.open_array(str(store / "staging.zarr" / "episodes" / episode_id / "state" / "observation.state"),
-                            mode="r+")
-    array[frame, element] = array[frame, element] + np.float32(0.01)  # zarr rewrites the chunk and its crc32c
+    from demoforge.storage.staging import STAGING_FORMAT, array_path
+
+    name = array_path("state/observation.state", STAGING_FORMAT)  # staging format 2: state.observation.state
+    array = zarr.open_array(str(store / "staging.zarr" / "episodes" / episode_id / name), mode="r+")
+    array[frame, element] = array[frame, element] + np.float32(0.01)  # zarr rewrites the shard and its crc32cs
     # Recompute the content hash the catalog keeps, so nothing but a replay can tell.
     db = sqlite3.connect(store / "catalog.sqlite")
     fingerprint = Fingerprint.from_json(db.execute("SELECT value FROM meta WHERE key = 'fingerprint'").fetchone()[0])
@@ -203,7 +205,10 @@ def test_images_catch_a_video_of_another_episode(fetch_store, tmp_path):
     rows = {i: db.execute("SELECT frames, video_bytes FROM attempts WHERE episode_id = ?", (i,)).fetchone()
             for i in (target, donor)}
     donor_video = staging.read_episode(donor, rows[donor][0], json.loads(rows[donor][1])).video["front"]
-    array = zarr.open_array(str(store / "staging.zarr" / "episodes" / target / "video" / "front"), mode="r+")
+    from demoforge.storage.staging import STAGING_FORMAT, array_path
+
+    video_array = store / "staging.zarr" / "episodes" / target / array_path("video/front", STAGING_FORMAT)
+    array = zarr.open_array(str(video_array), mode="r+")
     array[:len(donor_video)] = np.frombuffer(donor_video, dtype=np.uint8)
     sizes = json.dumps({"front": len(donor_video)})
     staged = staging.read_episode(target, rows[target][0], json.loads(sizes))
