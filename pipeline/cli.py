@@ -189,7 +189,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out = _console()
     out.print(report.recovery.describe())
     discarded = ", ".join(f"{k}={v}" for k, v in sorted(report.discarded.items())) or "none"
-    out.print(f"{'stopped' if report.interrupted or report.runaway else 'done'}: {report.committed_total}/{report.target} episodes "
+    ended = "stopped" if report.interrupted or report.runaway else "done"
+    out.print(f"{ended}: {report.committed_total}/{report.target} episodes "
               f"committed in {args.store} ({report.committed_this_run} this run, {report.frames_this_run} frames, "
               f"{report.frames_this_run / max(report.elapsed_s, 1e-9):.0f} frames/s, {report.elapsed_s:.1f} s); "
               f"discarded attempts: {discarded}; abandoned episodes: {report.abandoned}")
@@ -637,7 +638,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prune", help="delete the staged data of episodes already exported (keeps catalog rows)")
     p.add_argument("--store", type=Path, required=True, help="the store folder. Required")
     p.add_argument("--exported", action="store_true",
-                   help="prune every exported episode: the dataset holds it, export never needs it again (must be given)")
+                   help="prune every exported episode: the dataset holds it, export never needs it again "
+                        "(must be given)")
     p.set_defaults(fn=cmd_prune)
 
 

@@ -91,7 +91,8 @@ class JobSpec:
     chunk_frames: int = 64
     queue_frames: int = 32
     step_timeout_s: float | None = 60.0  # an env call that takes longer aborts the attempt (not in the fingerprint)
-    max_consecutive_abandoned: int = DEFAULT_MAX_CONSECUTIVE_ABANDONED  # stop when this many episodes in a row were abandoned; 0: never
+    # stop when this many episodes in a row were abandoned (0: never); not in the fingerprint
+    max_consecutive_abandoned: int = DEFAULT_MAX_CONSECUTIVE_ABANDONED
 
     def __post_init__(self) -> None:
         checks = {"episodes": (self.episodes, 0, 10_000_000), "max_attempts": (self.max_attempts, 1, 1000),
