@@ -360,8 +360,8 @@ def test_a_task_the_workers_cannot_import_is_named(tmp_path, ray_cluster):
     plugins.mkdir()
     (plugins / "driver_only_task.py").write_text(
         "from demoforge.pipeline.tasks.registry import TaskEntry, register\n"
-        "from toy_tasks import DEFAULTS, CameraPointEnv, _info\n"
-        "register(TaskEntry(name='driver-only', defaults=DEFAULTS, describe=_info,\n"
+        "from toy_tasks import DEFAULTS, CameraPointEnv, describe\n"
+        "register(TaskEntry(name='driver-only', defaults=DEFAULTS, describe=describe,\n"
         "                   make_env=lambda o: CameraPointEnv(dict(o))))\n")
     env = cli_env(DEMOFORGE_TASK_MODULES="toy_tasks,driver_only_task")
     env["PYTHONPATH"] = os.pathsep.join([str(plugins), env["PYTHONPATH"]])
