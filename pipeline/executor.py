@@ -600,6 +600,7 @@ class Executor:
 
 
 def run_episodes(env: gym.Env | gym.vector.VectorEnv, *, task: str, episodes: int, job_seed: int = 0,
-                 max_attempts: int = 3) -> Iterator[Record]:
-    """Convenience: run episodes ``0..episodes-1`` and yield every record."""
-    yield from Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts).run(EpisodeRange(episodes))
+                 max_attempts: int = 3, cameras: tuple[CameraSpec, ...] | None = None) -> Iterator[Record]:
+    """Convenience: run episodes ``0..episodes-1`` and yield every record (``cameras``: see :class:`Executor`)."""
+    yield from Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts,
+                        cameras=cameras).run(EpisodeRange(episodes))
