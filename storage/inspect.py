@@ -1,7 +1,7 @@
 """``demoforge inspect``: episodes, outcomes and per-segment statistics of a store or an exported dataset,
 and optionally a picture: per-episode segment timelines above a contact sheet of camera frames taken at
-segment boundaries (a depth camera's frame, colour-mapped, next to the RGB frame of the same step). Drawn with Pillow (already a dependency through lerobot) to keep plotting libraries
-out of the install."""
+segment boundaries (a depth camera's frame, colour-mapped, next to the RGB frame of the same step). Drawn
+with Pillow (already a dependency through lerobot) to keep plotting libraries out of the install."""
 
 from __future__ import annotations
 

@@ -534,7 +534,8 @@ def _episode_stats(ep: StagedEpisode, frames: Mapping[str, Any], features: Mappi
                                                         max_size_threshold=2 * STATS_IMAGE_PX) for img in decoded])
         per = get_feature_stats(images, axis=(0, 2, 3), keepdims=True)
         scale = 1.0 if camera.is_depth else 255.0
-        stats[camera_key(camera.name)] = {k: v if k == "count" else np.squeeze(v / scale, axis=0) for k, v in per.items()}
+        stats[camera_key(camera.name)] = {k: v if k == "count" else np.squeeze(v / scale, axis=0)
+                                          for k, v in per.items()}
     return stats
 
 

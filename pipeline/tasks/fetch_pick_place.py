@@ -398,7 +398,8 @@ def describe(options: Mapping[str, Any]) -> TaskInfo:
         instruction=instruction(cycles), fps=FPS, action_shape=(4,),
         state_shapes={"observation.state": (25,), "observation.goal": (3,)},
         cameras=_cameras(size, bool(options["depth"])), segment_names=segment_names(cycles),
-        options=fingerprint_options(options, ADDED_OPTIONS), action_names=("dx", "dy", "dz", "gripper"), robot_type="fetch")
+        options=fingerprint_options(options, ADDED_OPTIONS), action_names=("dx", "dy", "dz", "gripper"),
+        robot_type="fetch")
 
 
 def make_env(options: Mapping[str, Any]) -> FetchPickPlace:
