@@ -242,6 +242,23 @@ def test_inspect_plot_shows_depth_next_to_rgb(depth_run: DepthRun, tmp_path: Pat
         assert draw(result, tmp_path / f"{source.name}.png").stat().st_size > 0
 
 
+def test_online_sampler_reads_depth_in_metres(depth_run: DepthRun) -> None:
+    from demoforge.storage.sampling import OnlineWindowSampler
+
+    identity = depth_video.lerobot_depth_identity()
+    with OnlineWindowSampler(depth_run.store, mode="boundary", chunk_size=4, seed=2) as sampler:
+        assert sampler.refresh() == EPISODES
+        batch = sampler.read_windows(sampler.sample(3), video=True)
+    depth = batch[DEPTH_KEY]
+    assert depth.shape == (3, 4, 64, 64) and depth.dtype == np.float32
+    assert batch[RGB_KEY].shape == (3, 4, 64, 64, 3)
+    for window, episode_id, start in zip(depth, batch["episode_id"], batch["start"]):
+        rendered = depth_run.rendered[int(episode_id[2:10])]
+        for k, got in enumerate(window):
+            expected = depth_video.dequantize(depth_video.quantize_codes(rendered[start + k], identity), identity)
+            np.testing.assert_array_equal(got, expected)
+
+
 # ---------------------------------------------------------------------------------- fingerprints
 def test_rgb_only_fingerprint_json_is_unchanged() -> None:
     """An RGB-only job records exactly the JSON it recorded before depth existed: its stores keep opening."""

@@ -150,4 +150,5 @@ def test_depth_option_renders_metres_from_the_top_camera() -> None:
     finally:
         env.close()
     assert depth.shape == (48, 64) and depth.dtype == np.float32
-    assert np.isfinite(depth).all() and 0.2 < float(np.median(depth)) < 3.0  # the table below the top camera
+    near = depth[depth < 3.0]  # the scene under the top camera; pixels seeing no geometry read the far plane
+    assert np.isfinite(depth).all() and near.size > depth.size / 5 and 0.3 < float(np.median(near)) < 1.5

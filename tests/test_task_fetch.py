@@ -201,4 +201,4 @@ def test_depth_option_renders_metres_from_the_front_camera() -> None:
         assert a.shape == (64, 64) and a.dtype == np.float32
         np.testing.assert_array_equal(a, b)
     scene = first[0][first[0] < 5.0]
-    assert scene.size > 64 * 64 / 2 and 0.3 < scene.min() < scene.max() < 3.0  # the table about 1 m away
+    assert scene.size > 64 * 64 / 2 and 0.3 < scene.min() and 0.5 < float(np.median(scene)) < 2.0  # table ~1 m away
