@@ -230,7 +230,7 @@ class FetchPickPlace(gym.Wrapper):
         state = {"observation.state": np.asarray(observation["observation"], dtype=np.float32),
                  "observation.goal": self._frame_goal.astype(np.float32)}
         images = {CAMERA: self._frame}
-        if self.depth:
+        if self._depth is not None:
             images[DEPTH_CAMERA] = self._depth
         return RecordedObservation(state=state, images=images)
 
