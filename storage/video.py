@@ -65,7 +65,7 @@ def decode_span(source: VideoSource, start_s: float, end_s: float, fps: int) -> 
     to the keyframe before ``start_s`` first. Frame times are multiples of 1/fps: half a frame of slack."""
     half = 0.5 / fps
     out: list[np.ndarray] = []
-    with _open(source) as container:
+    with open_video(source) as container:
         stream = container.streams.video[0]
         time_base = float(stream.time_base or 0) or 1.0 / fps
         if start_s > 0:

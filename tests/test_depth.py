@@ -259,6 +259,17 @@ def test_online_sampler_reads_depth_in_metres(depth_run: DepthRun) -> None:
             np.testing.assert_array_equal(got, expected)
 
 
+def test_replay_of_a_depth_store_and_dataset_reproduces(depth_run: DepthRun) -> None:
+    """Replay reads depth stores and datasets; with images it compares the RGB camera by PSNR (depth images are
+    not compared by PSNR), states and steps as always."""
+    from demoforge.pipeline.replay import ReplaySettings
+    from demoforge.pipeline.replay_run import run_replay
+
+    for source in (depth_run.store, depth_run.dataset):
+        report = run_replay(source, settings=ReplaySettings(images=True))
+        assert report.counts()["reproduced"] == EPISODES and report.exit_code == 0, report.to_json()
+
+
 # ---------------------------------------------------------------------------------- fingerprints
 def test_rgb_only_fingerprint_json_is_unchanged() -> None:
     """An RGB-only job records exactly the JSON it recorded before depth existed: its stores keep opening."""
