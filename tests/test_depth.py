@@ -270,6 +270,24 @@ def test_replay_of_a_depth_store_and_dataset_reproduces(depth_run: DepthRun) -> 
         assert report.counts()["reproduced"] == EPISODES and report.exit_code == 0, report.to_json()
 
 
+@pytest.mark.slow
+def test_process_executor_records_the_same_depth(depth_run: DepthRun, tmp_path: Path) -> None:
+    """Remote (process) workers step, render and encode depth themselves: the same episodes as the thread run."""
+    store = tmp_path / "store"
+    done = subprocess.run(demoforge_argv("generate", "--task", TASK, "--episodes", str(EPISODES), "--codec", "h264",
+                                         *CLI_OPTIONS, "--executor", "process", "--workers", "1",
+                                         "--store", str(store)),
+                          env=cli_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+
+    def rows(path: Path) -> list[tuple]:
+        with open_store_reader(path) as view:
+            return [(r.episode_index, r.attempt, r.frames, r.content_hash, r.video_bytes)
+                    for r in view.catalog.committed()]
+
+    assert rows(store) == rows(depth_run.store)
+
+
 # ---------------------------------------------------------------------------------- fingerprints
 def test_rgb_only_fingerprint_json_is_unchanged() -> None:
     """An RGB-only job records exactly the JSON it recorded before depth existed: its stores keep opening."""
