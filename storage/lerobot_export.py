@@ -61,7 +61,8 @@ from demoforge.storage.publish import (
     write_json,
 )
 from demoforge.storage.reader import open_store_updater
-from demoforge.storage.schema import AttemptState, CameraSpec, Fingerprint
+from demoforge.storage.depth import decode_codes, dequantize
+from demoforge.storage.schema import AttemptState, CameraSpec, DepthVideoIdentity, Fingerprint
 from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore
 from demoforge.storage.verify import check_episode
 from demoforge.storage.video import decode_indices
@@ -306,7 +307,8 @@ class _VersionWriter:
                               **{f"videos/{camera_key(c.name)}/{k}": v for c in self.cameras
                                  for k, v in zip(("chunk_index", "file_index", "from_timestamp", "to_timestamp"),
                                                  video_spans[c.name][offset])},
-                              "_stats": _episode_stats(ep, data_rows[-1], self.features, self.cameras)})
+                              "_stats": _episode_stats(ep, data_rows[-1], self.features, self.cameras,
+                                                       self.fp.depth_video)})
             sidecar.append({**record, "schema_version": SCHEMA_VERSION, "dataset_episode_index": index,
                             **source.origin(), "staging_episode_id": row.episode_id,
                             "staging_episode_index": row.episode_index, "length": frames,
@@ -501,8 +503,10 @@ def _write_episode_meta(build: Path, rows: Sequence[dict[str, Any]], data_spans:
 
 
 def _episode_stats(ep: StagedEpisode, frames: Mapping[str, Any], features: Mapping[str, dict],
-                   cameras: Sequence[CameraSpec]) -> dict[str, dict[str, np.ndarray]]:
-    """Per-episode stats through lerobot's own helpers; camera stats from a sample of decoded frames."""
+                   cameras: Sequence[CameraSpec], depth: DepthVideoIdentity | None = None
+                   ) -> dict[str, dict[str, np.ndarray]]:
+    """Per-episode stats through lerobot's own helpers; camera stats from a sample of decoded frames (depth:
+    in metres, dequantized by lerobot, not divided by 255, as lerobot's writer keeps depth stats)."""
     from lerobot.datasets.compute_stats import (
         auto_downsample_height_width,
         compute_episode_stats,
@@ -517,14 +521,21 @@ def _episode_stats(ep: StagedEpisode, frames: Mapping[str, Any], features: Mappi
                                             for k in numeric})
     for camera in cameras:
         wanted = sample_indices(len(ep.action))
-        found = decode_indices(ep.video[camera.name], wanted)
+        if camera.is_depth:
+            assert depth is not None
+            found = {i: dequantize(codes, depth)[..., None]
+                     for i, codes in decode_codes(ep.video[camera.name], wanted).items()}
+        else:
+            found = decode_indices(ep.video[camera.name], wanted)
         decoded = [found[int(i)] for i in sorted(set(int(i) for i in wanted)) if int(i) in found]
         # Stride to ~64 px (LeRobot strides to ~150 px): pixel statistics barely move, and image stats were 95%
         # of export time at 224x224 (tools/bench_export.py).
         images = np.stack([auto_downsample_height_width(img.transpose(2, 0, 1), target_size=STATS_IMAGE_PX,
                                                         max_size_threshold=2 * STATS_IMAGE_PX) for img in decoded])
         per = get_feature_stats(images, axis=(0, 2, 3), keepdims=True)
-        stats[camera_key(camera.name)] = {k: v if k == "count" else np.squeeze(v / 255.0, axis=0) for k, v in per.items()}
+        scale = 1.0 if camera.is_depth else 255.0
+        stats[camera_key(camera.name)] = {k: v if k == "count" else np.squeeze(v / scale, axis=0)
+                                          for k, v in per.items()}
     return stats
 
 
