@@ -29,12 +29,15 @@ def _console(stderr: bool = False) -> Console:
 def _task_row(name: str) -> dict[str, Any]:
     from demoforge.pipeline.tasks.registry import get_task
 
-    info = get_task(name).info()
+    entry = get_task(name)
+    info = entry.info()
     return {"name": name, "description": info.description, "fps": info.fps,
             "cameras": {c.name: list(c.shape) for c in info.cameras},
+            "camera_kinds": {c.name: c.kind for c in info.cameras},
             "action_shape": list(info.action_shape),
             "state_shapes": {k: list(v) for k, v in info.state_shapes.items()},
-            "segments": list(info.segment_names), "options": dict(info.options)}
+            "segments": list(info.segment_names),
+            "options": entry.resolve_options()}  # every option (the fingerprint leaves some defaults out)
 
 
 def _segment_summary(names: Sequence[str]) -> str:
@@ -80,7 +83,8 @@ def _print_task(row: dict[str, Any], *, json_out: bool) -> int:
     console.print(f"[bold]{row['name']}[/bold]: {row['description']}")
     console.print(f"fps {row['fps']}; action {tuple(row['action_shape'])}")
     for name, shape in row["cameras"].items():
-        console.print(f"camera {name}: {shape[0]}x{shape[1]} RGB")
+        kind = "depth (float32 metres)" if row["camera_kinds"].get(name) == "depth" else "RGB"
+        console.print(f"camera {name}: {shape[0]}x{shape[1]} {kind}")
     for name, shape in row["state_shapes"].items():
         console.print(f"state {name}: {tuple(shape)}", markup=False)
     segments = list(dict.fromkeys(row["segments"]))

@@ -48,6 +48,7 @@ from demoforge.pipeline.records import (
     Record,
     WorkSource,
 )
+from demoforge.storage.schema import CameraSpec
 
 
 def derive_seed(job_seed: int, episode_index: int, attempt: int) -> int:
@@ -100,7 +101,27 @@ class _Shapes:
                                    f"{array.shape} {array.dtype}")
 
 
-def _check_recorded(rec: Any, shapes: _Shapes) -> RecordedObservation:
+def _check_depth(name: str, value: Any, spec: CameraSpec) -> np.ndarray:
+    """A depth camera's image: (H, W) of the declared size, floating point, finite, non-negative metres."""
+    image = np.asarray(value)
+    if image.dtype.kind != "f" or image.ndim != 2:
+        raise ObservationError(f"depth camera {name!r} gave {image.shape} {image.dtype}; expected (H, W) float32 "
+                               "metres (no channel axis)")
+    if image.shape != spec.shape:
+        raise ObservationError(f"depth camera {name!r} gave a {image.shape[0]}x{image.shape[1]} image; the task "
+                               f"declares {spec.height}x{spec.width}")
+    image = image.astype(np.float32, copy=False)
+    finite = np.isfinite(image)
+    if not finite.all():
+        raise ObservationError(f"depth camera {name!r} has {int(image.size - finite.sum())} NaN or inf pixel(s)")
+    if (image < 0).any():
+        raise ObservationError(f"depth camera {name!r} has {int((image < 0).sum())} negative pixel(s) "
+                               f"(min {float(image.min()):.4g} m)")
+    return image
+
+
+def _check_recorded(rec: Any, shapes: _Shapes, cameras: Mapping[str, CameraSpec] | None = None
+                    ) -> RecordedObservation:
     if not isinstance(rec, RecordedObservation):
         raise TaskProtocolError(f"demo_record returned {type(rec).__name__}; expected RecordedObservation")
     state: dict[str, np.ndarray] = {}
@@ -114,6 +135,12 @@ def _check_recorded(rec: Any, shapes: _Shapes) -> RecordedObservation:
         state[name] = array
     images: dict[str, np.ndarray] = {}
     for name, value in rec.images.items():
+        spec = cameras.get(name) if cameras is not None else None
+        if spec is not None and spec.is_depth:
+            image = _check_depth(name, value, spec)
+            shapes.check("camera", name, image)
+            images[name] = image
+            continue
         image = np.asarray(value)
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
             raise ObservationError(f"camera {name!r} gave {image.shape} {image.dtype}; expected (H, W, 3) uint8")
@@ -130,10 +157,11 @@ class _Attempt:
     """One attempt's cursor: the plan, the current segment's actions, the counters and the results."""
 
     def __init__(self, task: str, env: Any, key: AttemptKey, seed: int, row: int,
-                 action_space: gym.Space, shapes: _Shapes) -> None:
+                 action_space: gym.Space, shapes: _Shapes, cameras: Mapping[str, CameraSpec] | None = None) -> None:
         self.task, self.env, self.key, self.seed, self.row = task, env, key, seed, row
         self.action_space = action_space
         self.shapes = shapes
+        self.cameras = cameras
         self.started = time.perf_counter()
         self.step = 0
         self.segment_id = -1
@@ -165,7 +193,7 @@ class _Attempt:
 
     def observe(self, observation: Any) -> None:
         rec = self._task_call("demo_record", self._record, observation)
-        self.recorded = _check_recorded(rec, self.shapes)
+        self.recorded = _check_recorded(rec, self.shapes, self.cameras)
 
     # -- planning
     def begin(self, observation: Any) -> None:
@@ -431,11 +459,13 @@ class Executor:
     """Runs episodes from a :class:`WorkSource` until it runs dry, retrying each up to ``max_attempts``.
 
     ``interrupt`` is polled before every env step; when it returns True every active attempt ends as
-    ``interrupted`` and :meth:`run` returns.
+    ``interrupted`` and :meth:`run` returns. ``cameras``, the task's declared cameras, says which images are
+    depth (checked as float metres); without it every image must be RGB.
     """
 
     def __init__(self, env: gym.Env | gym.vector.VectorEnv, *, task: str, job_seed: int = 0,
-                 max_attempts: int = 3, interrupt: Callable[[], bool] | None = None, worker: int = 0) -> None:
+                 max_attempts: int = 3, interrupt: Callable[[], bool] | None = None, worker: int = 0,
+                 cameras: tuple[CameraSpec, ...] | None = None) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self.rows = _Rows(env)
@@ -445,6 +475,7 @@ class Executor:
         self.interrupt = interrupt or (lambda: False)
         self.worker = worker
         self._shapes = _Shapes()
+        self._cameras = {c.name: c for c in cameras} if cameras is not None else None
         self._holds: list[np.ndarray | None] = [None] * self.rows.n
 
     def _hold_action(self, row: int) -> np.ndarray:
@@ -462,7 +493,8 @@ class Executor:
         row = slot.index
         key = AttemptKey(slot.assignment.episode_index, attempt)
         seed = derive_seed(self.job_seed, key.episode_index, attempt)
-        att = _Attempt(self.task, self.rows.row_envs[row], key, seed, row, self.rows.action_space, self._shapes)
+        att = _Attempt(self.task, self.rows.row_envs[row], key, seed, row, self.rows.action_space, self._shapes,
+                       self._cameras)
         slot.start(att)
         try:
             try:
@@ -568,6 +600,7 @@ class Executor:
 
 
 def run_episodes(env: gym.Env | gym.vector.VectorEnv, *, task: str, episodes: int, job_seed: int = 0,
-                 max_attempts: int = 3) -> Iterator[Record]:
-    """Convenience: run episodes ``0..episodes-1`` and yield every record."""
-    yield from Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts).run(EpisodeRange(episodes))
+                 max_attempts: int = 3, cameras: tuple[CameraSpec, ...] | None = None) -> Iterator[Record]:
+    """Convenience: run episodes ``0..episodes-1`` and yield every record (``cameras``: see :class:`Executor`)."""
+    yield from Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts,
+                        cameras=cameras).run(EpisodeRange(episodes))

@@ -113,8 +113,13 @@ class JobSpec:
     def fingerprint(self, info: TaskInfo | None = None) -> Fingerprint:
         """Everything that shapes stored data: a store keeps one fingerprint for life."""
         info = info or self.task_info()
+        depth = None
+        if any(c.is_depth for c in info.cameras):
+            from demoforge.storage.depth import lerobot_depth_identity  # imports lerobot: depth jobs only
+
+            depth = lerobot_depth_identity()
         return Fingerprint(schema_version=SCHEMA_VERSION, task=self.task, task_options=dict(info.options),
                            fps=info.fps, cameras=tuple(info.cameras),
                            state_shapes={k: tuple(v) for k, v in info.state_shapes.items()},
                            action_shape=tuple(info.action_shape), video=self.video.identity(), seed=self.seed,
-                           chunk_frames=self.chunk_frames)
+                           chunk_frames=self.chunk_frames, depth_video=depth)

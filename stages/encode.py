@@ -19,6 +19,8 @@ from demoforge.pipeline.job import VideoSettings
 from demoforge.pipeline.malloc import make_uninitialized_reads_deterministic
 from demoforge.pipeline.records import AttemptEnded, AttemptKey, EncodedFrame, Frame, Record, VideoTail
 from demoforge.pipeline.tasks.registry import CameraSpec
+from demoforge.storage import depth as depth_video
+from demoforge.storage.schema import DepthVideoIdentity
 
 # Fragmented MP4 is written front to back, so it streams into an append-only store without seeking.
 FMP4_FLAGS = "frag_keyframe+empty_moov+default_base_moof"
@@ -64,16 +66,21 @@ class CameraEncoder:
         except Exception as exc:
             raise EncoderError(f"camera {camera.name!r}: cannot open {settings.codec} encoder: {exc}") from exc
 
-    def encode(self, image: np.ndarray) -> bytes:
+    def _video_frame(self, image: np.ndarray) -> av.VideoFrame:
         expected = (self.camera.height, self.camera.width, 3)
         if image.shape != expected:
             raise EncoderError(f"camera {self.camera.name!r}: frame of shape {image.shape}, the job declares "
                                f"{expected}")
+        return av.VideoFrame.from_ndarray(image, format="rgb24")
+
+    def encode(self, image: np.ndarray) -> bytes:
         try:
-            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame = self._video_frame(image)
             frame.pts = self.frames
             for packet in self._stream.encode(frame):
                 self._container.mux(packet)
+        except EncoderError:
+            raise
         except Exception as exc:
             raise EncoderError(f"camera {self.camera.name!r} frame {self.frames}: {exc}") from exc
         self.frames += 1
@@ -93,6 +100,41 @@ class CameraEncoder:
             self._container.close()
         except Exception:  # an aborted attempt's video is thrown away; a failing close changes nothing
             pass
+
+
+class DepthEncoder(CameraEncoder):
+    """Encodes one depth camera of one attempt as LeRobot 0.6.1 does: each (H, W) float32 image in metres is
+    quantized to 12-bit codes by LeRobot's ``quantize_depth`` and encoded ``gray12le`` with LeRobot's depth
+    codec options (HEVC, x265 lossless), so the stored codes are exactly the quantized depth."""
+
+    def __init__(self, camera: CameraSpec, fps: int, identity: DepthVideoIdentity | None = None) -> None:
+        make_uninitialized_reads_deterministic()
+        self.camera = camera
+        self.identity = identity or depth_video.lerobot_depth_identity()
+        self.frames = 0
+        self._sink = _Sink()
+        try:
+            self._container = av.open(self._sink, mode="w", format="mp4", options={"movflags": FMP4_FLAGS})
+            self._stream = self._container.add_stream(self.identity.codec, rate=fps,
+                                                      options=depth_video.codec_options(self.identity))
+            self._stream.width = camera.width
+            self._stream.height = camera.height
+            self._stream.pix_fmt = self.identity.pix_fmt
+        except Exception as exc:
+            raise EncoderError(f"depth camera {camera.name!r}: cannot open {self.identity.codec} encoder: "
+                               f"{exc}") from exc
+
+    def _video_frame(self, image: np.ndarray) -> av.VideoFrame:
+        if image.shape != self.camera.shape or image.dtype != np.float32:
+            raise EncoderError(f"depth camera {self.camera.name!r}: frame of shape {image.shape} {image.dtype}, "
+                               f"the job declares {self.camera.shape} float32")
+        return depth_video.quantize(image, self.identity)
+
+
+def make_encoder(camera: CameraSpec, fps: int, settings: VideoSettings,
+                 depth: DepthVideoIdentity | None = None) -> CameraEncoder:
+    """The encoder for a camera's kind: RGB by the job's video settings, depth by LeRobot's depth settings."""
+    return DepthEncoder(camera, fps, depth) if camera.is_depth else CameraEncoder(camera, fps, settings)
 
 
 async def _map_cameras(fn, items: Mapping[str, object]) -> dict[str, bytes]:
@@ -128,7 +170,7 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
                                            f"{sorted(record.images)}; the job declares {sorted(specs)}")
                     if record.key not in encoders:
                         encoders[record.key] = await anyio.to_thread.run_sync(
-                            lambda: {n: CameraEncoder(s, fps, settings) for n, s in specs.items()})
+                            lambda: {n: make_encoder(s, fps, settings) for n, s in specs.items()})
                     mine = encoders[record.key]
                     mark = time.perf_counter()
                     video = await _map_cameras(lambda n, img: mine[n].encode(img), record.images)

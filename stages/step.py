@@ -37,6 +37,7 @@ from demoforge.pipeline.records import (
     Pending,
     Record,
 )
+from demoforge.storage.schema import CameraSpec
 
 
 class StepTimeoutError(EnvError):
@@ -115,7 +116,8 @@ class _StreamWork:
 async def step_stage(worker: int, make_row_env: Callable[[], gym.Env], *, task: str, num_envs: int,
                      job_seed: int, max_attempts: int, assignments: MemoryObjectReceiveStream[EpisodeAssignment],
                      send: MemoryObjectSendStream[Record], stop: threading.Event, delay_s: float = 0.0,
-                     busy: dict[str, float] | None = None, step_timeout_s: float | None = None) -> None:
+                     busy: dict[str, float] | None = None, step_timeout_s: float | None = None,
+                     cameras: tuple[CameraSpec, ...] | None = None) -> None:
     """Run one env worker until the plan runs dry or ``stop`` is set; in-flight attempts end interrupted.
 
     ``busy["step:<worker>"]`` accumulates the time spent producing records (not waiting downstream)."""
@@ -129,7 +131,8 @@ async def step_stage(worker: int, make_row_env: Callable[[], gym.Env], *, task: 
             state.busy()
             env = build_env(make_row_env, num_envs)
             executor = Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts,
-                                interrupt=lambda: stop.is_set() or state.abandoned, worker=worker)
+                                interrupt=lambda: stop.is_set() or state.abandoned, worker=worker,
+                                cameras=cameras)
             for record in executor.run(_StreamWork(assignments, stop, state, token, carried)):
                 started = state.busy_since
                 state.idle()

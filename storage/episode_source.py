@@ -184,7 +184,7 @@ class DatasetSource(EpisodeSource):
             self.schema = JobSchema(task=task, fps=int(schema["fps"]),
                                     state_shapes={k: tuple(v) for k, v in schema["state_shapes"].items()},
                                     action_shape=tuple(schema["action_shape"]),
-                                    cameras=tuple((c, int(h), int(w)) for c, h, w in schema["cameras"]),
+                                    cameras=tuple((c[0], int(c[1]), int(c[2])) for c in schema["cameras"]),  # [4]: a kind
                                     video=dict(schema["video"]))
             self._sidecar = {int(r["dataset_episode_index"]): r for r in sidecar}
         except (KeyError, TypeError, ValueError) as exc:

@@ -1,7 +1,7 @@
 """``demoforge inspect``: episodes, outcomes and per-segment statistics of a store or an exported dataset,
 and optionally a picture: per-episode segment timelines above a contact sheet of camera frames taken at
-segment boundaries. Drawn with Pillow (already a dependency through lerobot) to keep plotting libraries
-out of the install."""
+segment boundaries (a depth camera's frame, colour-mapped, next to the RGB frame of the same step). Drawn
+with Pillow (already a dependency through lerobot) to keep plotting libraries out of the install."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from demoforge.storage.catalog import CATALOG_FILE
+from demoforge.storage.depth import colourise, decode_codes, dequantize
 from demoforge.storage.lerobot_format import INFO, SIDECAR, read_sidecar
 from demoforge.storage.reader import open_store_reader
 from demoforge.storage.schema import READABLE_STATES, AttemptState
@@ -73,12 +74,19 @@ def _inspect_store(path: Path, with_frames: bool, max_episodes: int) -> Inspecti
         result.failed = [r.record for r in rows if r.state == AttemptState.DISCARDED and r.record]
         fingerprint, staging = store.fingerprint, store.staging
         if with_frames and fingerprint is not None and staging is not None and fingerprint.cameras:
-            camera = fingerprint.cameras[0].name
+            rgb = next((c.name for c in fingerprint.cameras if not c.is_depth), None)
+            depth = next((c.name for c in fingerprint.cameras if c.is_depth), None)
             pruned = store.catalog.pruned_ids()  # staged data deleted after export: no frames to show
             for r in [r for r in good if r.episode_id not in pruned][:max_episodes]:
-                data = staging.read_episode(r.episode_id, r.frames or 0, r.video_bytes).video[camera]
+                video = staging.read_episode(r.episode_id, r.frames or 0, r.video_bytes).video
                 record = r.record or {}
-                _add_boundary_frames(result, record, decode_indices(data, _boundary_steps(record)))
+                steps = _boundary_steps(record)
+                frames = decode_indices(video[rgb], steps) if rgb else {}
+                depths = {}
+                if depth and fingerprint.depth_video is not None:
+                    depths = {i: dequantize(codes, fingerprint.depth_video)
+                              for i, codes in decode_codes(video[depth], steps).items()}
+                _add_boundary_frames(result, record, frames, depths)
     return result
 
 
@@ -95,24 +103,46 @@ def _inspect_dataset(path: Path, with_frames: bool, max_episodes: int) -> Inspec
     if with_frames and records:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-        dataset = LeRobotDataset(repo_id=f"local/{path.name}", root=path, video_backend="pyav")
-        if dataset.meta.video_keys:
-            key = dataset.meta.video_keys[0]
+        dataset = LeRobotDataset(repo_id=f"local/{path.name}", root=path, video_backend="pyav",
+                                 depth_output_unit="m")
+        key = next((k for k in dataset.meta.video_keys if k not in dataset.meta.depth_keys), None)
+        depth_key = next(iter(dataset.meta.depth_keys), None)
+        if key or depth_key:
             for record in records[:max_episodes]:
                 start = int(dataset.meta.episodes[record["dataset_episode_index"]]["dataset_from_index"])
-                frames = {}
+                frames, depths = {}, {}
                 for step in _boundary_steps(record):
-                    image = dataset[start + step][key]
-                    frames[step] = (image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-                _add_boundary_frames(result, record, frames)
+                    item = dataset[start + step]
+                    if key:
+                        frames[step] = (item[key].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+                    if depth_key:
+                        depths[step] = item[depth_key].numpy()[0]
+                _add_boundary_frames(result, record, frames, depths)
     return result
 
 
-def _add_boundary_frames(result: Inspection, record: dict[str, Any], frames: dict[int, np.ndarray]) -> None:
+def _add_boundary_frames(result: Inspection, record: dict[str, Any], frames: dict[int, np.ndarray],
+                         depths: dict[int, np.ndarray] | None = None) -> None:
+    """Each segment's first and last frame; a depth frame (metres, colour-mapped over the episode's boundary
+    frames: near is yellow, far is blue) follows the RGB frame of the same step."""
     key = record.get("dataset_episode_index", record.get("episode_index"))
+    depths = depths or {}
+    near_far = _depth_range(list(depths.values()))
     for s in record.get("segments", []):
-        picks = [frames.get(int(s["start_step"])), frames.get(int(s["end_step"]) - 1)]
+        picks: list[np.ndarray | None] = []
+        for step in (int(s["start_step"]), int(s["end_step"]) - 1):
+            picks.append(frames.get(step))
+            if step in depths:
+                picks.append(colourise(depths[step], *near_far))
         result.frames[f"{key}:{s['name']}"] = [p for p in picks if p is not None]
+
+
+def _depth_range(depths: list[np.ndarray]) -> tuple[float | None, float | None]:
+    """Near and far for the colour map: robust percentiles, so a far background does not flatten the scene."""
+    if not depths:
+        return None, None
+    values = np.concatenate([d.ravel() for d in depths])
+    return float(np.percentile(values, 1)), float(np.percentile(values, 90))
 
 
 # ------------------------------------------------------------------------------------------- picture

@@ -64,7 +64,8 @@ from demoforge.storage.publish import (
     write_json,
 )
 from demoforge.storage.reader import open_store_updater
-from demoforge.storage.schema import AttemptState, CameraSpec, Fingerprint
+from demoforge.storage.depth import decode_codes, dequantize
+from demoforge.storage.schema import AttemptState, CameraSpec, DepthVideoIdentity, Fingerprint
 from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore
 from demoforge.storage.verify import check_episode
 from demoforge.storage.video import decode_indices
@@ -346,7 +347,7 @@ class _VersionWriter:
                     task_index = tasks.setdefault(instruction, len(tasks))
                     spans = {name: writer.add(ep.video[name], frames) for name, writer in videos.items()}
                     cols = _episode_frames(ep, index, frame, task_index, self.fps, record)
-                    stats = _episode_stats(ep, cols, self.features, self.cameras)
+                    stats = _episode_stats(ep, cols, self.features, self.cameras, self.fp.depth_video)
                     data_span = data.add(cols)
                     meta_rows.append({"episode_index": index, "tasks": [instruction], "length": frames,
                                       "dataset_from_index": frame, "dataset_to_index": frame + frames,
@@ -608,8 +609,10 @@ def _write_episode_meta(build: Path, rows: Sequence[dict[str, Any]], data_spans:
 
 
 def _episode_stats(ep: StagedEpisode, frames: Mapping[str, Any], features: Mapping[str, dict],
-                   cameras: Sequence[CameraSpec]) -> dict[str, dict[str, np.ndarray]]:
-    """Per-episode stats through lerobot's own helpers; camera stats from a sample of decoded frames."""
+                   cameras: Sequence[CameraSpec], depth: DepthVideoIdentity | None = None
+                   ) -> dict[str, dict[str, np.ndarray]]:
+    """Per-episode stats through lerobot's own helpers; camera stats from a sample of decoded frames (depth:
+    in metres, dequantized by lerobot, not divided by 255, as lerobot's writer keeps depth stats)."""
     from lerobot.datasets.compute_stats import (
         auto_downsample_height_width,
         compute_episode_stats,
@@ -624,14 +627,21 @@ def _episode_stats(ep: StagedEpisode, frames: Mapping[str, Any], features: Mappi
                                             for k in numeric})
     for camera in cameras:
         wanted = sample_indices(len(ep.action))
-        found = decode_indices(ep.video[camera.name], wanted)
+        if camera.is_depth:
+            assert depth is not None
+            found = {i: dequantize(codes, depth)[..., None]
+                     for i, codes in decode_codes(ep.video[camera.name], wanted).items()}
+        else:
+            found = decode_indices(ep.video[camera.name], wanted)
         decoded = [found[int(i)] for i in sorted(set(int(i) for i in wanted)) if int(i) in found]
         # Stride to ~64 px (LeRobot strides to ~150 px): pixel statistics barely move, and image stats were 95%
         # of export time at 224x224 (tools/bench_export.py).
         images = np.stack([auto_downsample_height_width(img.transpose(2, 0, 1), target_size=STATS_IMAGE_PX,
                                                         max_size_threshold=2 * STATS_IMAGE_PX) for img in decoded])
         per = get_feature_stats(images, axis=(0, 2, 3), keepdims=True)
-        stats[camera_key(camera.name)] = {k: v if k == "count" else np.squeeze(v / 255.0, axis=0) for k, v in per.items()}
+        scale = 1.0 if camera.is_depth else 255.0
+        stats[camera_key(camera.name)] = {k: v if k == "count" else np.squeeze(v / scale, axis=0)
+                                          for k, v in per.items()}
     return stats
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from demoforge.pipeline.contract import ANNOTATION_KEYS
-from demoforge.storage.schema import Fingerprint
+from demoforge.storage.schema import CameraSpec, Fingerprint
 
 MARKER = "meta/demoforge.json"
 SIDECAR = "meta/demoforge_episodes.jsonl"
@@ -61,6 +61,20 @@ def video_info(fingerprint: Fingerprint, height: int, width: int) -> dict[str, A
             "is_depth_map": False}
 
 
+def depth_video_info(fingerprint: Fingerprint, camera: CameraSpec) -> dict[str, Any]:
+    """A depth camera feature's ``info`` block, as LeRobot 0.6.1's writer fills it for ``DepthEncoderConfig``
+    (``is_depth_map``, ``depth_unit`` and the quantizer's ``video.depth_*`` fields its reader dequantizes with)."""
+    depth = fingerprint.depth_video
+    if depth is None:
+        raise ValueError(f"camera {camera.name!r} is a depth camera but the fingerprint has no depth settings")
+    return {"is_depth_map": True, "depth_unit": "m", "video.height": camera.height, "video.width": camera.width,
+            "video.codec": depth.codec, "video.pix_fmt": depth.pix_fmt, "video.fps": fingerprint.fps,
+            "video.channels": 1, "has_audio": False, "video.g": depth.g, "video.crf": depth.crf,
+            "video.preset": depth.preset, "video.fast_decode": 0, "video.video_backend": "pyav",
+            "video.extra_options": dict(depth.extra_options), "video.depth_min": depth.depth_min,
+            "video.depth_max": depth.depth_max, "video.shift": depth.shift, "video.use_log": depth.use_log}
+
+
 def dataset_features(fingerprint: Fingerprint) -> dict[str, dict]:
     """LeRobot features of an export: states, action, reward, annotations, cameras, language, then the
     automatic columns (timestamp, frame_index, episode_index, index, task_index)."""
@@ -74,9 +88,10 @@ def dataset_features(fingerprint: Fingerprint) -> dict[str, dict]:
     for key in ANNOTATION_KEYS:
         features[annotation_key(key)] = {"dtype": "int64", "shape": [1], "names": None}
     for camera in fingerprint.cameras:
-        features[camera_key(camera.name)] = {"dtype": "video", "shape": list(camera.shape),
-                                             "names": ["height", "width", "channels"],
-                                             "info": video_info(fingerprint, camera.height, camera.width)}
+        info = (depth_video_info(fingerprint, camera) if camera.is_depth
+                else video_info(fingerprint, camera.height, camera.width))
+        features[camera_key(camera.name)] = {"dtype": "video", "shape": list(camera.feature_shape),
+                                             "names": ["height", "width", "channels"], "info": info}
     for key, ft in language_feature_info().items():
         features[key] = {**ft, "shape": list(ft["shape"])}
     for key, dtype in (("timestamp", "float32"), ("frame_index", "int64"), ("episode_index", "int64"),
@@ -90,7 +105,8 @@ def schema_identity(fingerprint: Fingerprint) -> dict[str, Any]:
     how they are encoded. The task is not part of it: one dataset can hold several jobs (each job's
     instruction is a task of its own in ``tasks.parquet``)."""
     raw = fingerprint.to_dict()
-    return {k: raw[k] for k in ("schema_version", "fps", "cameras", "state_shapes", "action_shape", "video")}
+    return {k: raw[k] for k in ("schema_version", "fps", "cameras", "state_shapes", "action_shape", "video",
+                                "depth_video") if k in raw}  # depth_video: only when a camera is a depth camera
 
 
 def schema_differences(a: Mapping[str, Any], b: Mapping[str, Any], a_name: str, b_name: str) -> list[str]:
@@ -103,8 +119,9 @@ def schema_differences(a: Mapping[str, Any], b: Mapping[str, Any], a_name: str, 
 
     def by_name(schema: Mapping[str, Any], key: str) -> dict[str, Any]:
         value = schema.get(key) or {}
-        return {c[0]: f"{c[1]}x{c[2]}" for c in value} if key == "cameras" else \
-            {k: tuple(v) for k, v in dict(value).items()}
+        if key == "cameras":  # [name, height, width] or [name, height, width, kind]
+            return {c[0]: f"{c[1]}x{c[2]}" + (f" {c[3]}" if len(c) > 3 else "") for c in value}
+        return {k: tuple(v) for k, v in dict(value).items()}
 
     for key, label in (("cameras", camera_key), ("state_shapes", lambda name: name)):
         left, right = by_name(a, key), by_name(b, key)
@@ -116,10 +133,11 @@ def schema_differences(a: Mapping[str, Any], b: Mapping[str, Any], a_name: str, 
     for key in ("fps", "schema_version"):
         if a.get(key) != b.get(key):
             differ(key, a.get(key), b.get(key))
-    va, vb = dict(a.get("video") or {}), dict(b.get("video") or {})
-    for key in sorted(set(va) | set(vb)):
-        if va.get(key) != vb.get(key):
-            differ(f"video {key}", va.get(key), vb.get(key))
+    for section in ("video", "depth_video"):
+        va, vb = dict(a.get(section) or {}), dict(b.get(section) or {})
+        for key in sorted(set(va) | set(vb)):
+            if va.get(key) != vb.get(key):
+                differ(f"{section.replace('_', ' ')} {key}", va.get(key), vb.get(key))
     return out
 
 

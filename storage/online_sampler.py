@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from demoforge.pipeline.contract import ANNOTATION_KEYS
+from demoforge.storage import depth as depth_video
 from demoforge.storage.catalog import AttemptRow, CATALOG_FILE
 from demoforge.storage.lerobot_format import annotation_key, camera_key
 from demoforge.storage.reader import StoreView, open_store_reader
@@ -234,7 +235,18 @@ class OnlineWindowSampler:
         if cached is not None:
             self._video_cache.move_to_end(episode_id)
             return cached
-        data = {camera_key(c): decode_frames(b) for c, b in self._staged(episode_id).video.items()}
+        store = self.store
+        fingerprint = store.fingerprint if store is not None else None
+        depth = {c.name for c in fingerprint.cameras if c.is_depth} if fingerprint is not None else set()
+        data = {}
+        for camera, stream in self._staged(episode_id).video.items():
+            if camera in depth and fingerprint is not None and fingerprint.depth_video is not None:
+                # A depth camera: metres (N, H, W) float32, decoded from its 12-bit codes by LeRobot's dequantizer.
+                codes = depth_video.decode_codes(stream)
+                data[camera_key(camera)] = depth_video.dequantize(np.stack([codes[i] for i in sorted(codes)]),
+                                                                  fingerprint.depth_video)
+            else:
+                data[camera_key(camera)] = decode_frames(stream)
         self._video_cache[episode_id] = data
         while len(self._video_cache) > self.video_cache_episodes:
             self._video_cache.popitem(last=False)
@@ -243,7 +255,8 @@ class OnlineWindowSampler:
     def read_windows(self, windows: Sequence[Window], *, video: bool = False) -> dict[str, Any]:
         """Stack the windows' frames: ``{feature: array (B, chunk_size, ...)}`` with the export's feature
         names (state features, ``action``, ``next.reward``, ``annotation.<key>``; with ``video=True`` also
-        ``observation.images.<camera>`` as uint8 (B, C, H, W, 3)), plus ``episode_id`` and ``start``.
+        ``observation.images.<camera>`` as uint8 (B, C, H, W, 3), a depth camera as float32 metres
+        (B, C, H, W)), plus ``episode_id`` and ``start``.
         Checks that every returned frame is valid (a disagreement with the catalog raises)."""
         with self._lock:
             out: dict[str, list[np.ndarray]] = {}

@@ -34,21 +34,37 @@ class FingerprintError(StoreError):
     """A stored job fingerprint is missing a field, has a field of the wrong type, or names an unsafe path."""
 
 
+RGB, DEPTH = "rgb", "depth"
+#: Camera kinds: ``rgb`` frames are (H, W, 3) uint8; ``depth`` frames are (H, W) float32 metres.
+CAMERA_KINDS = (RGB, DEPTH)
+
+
 @dataclass(frozen=True)
 class CameraSpec:
-    """One camera of a task: its name (a path component of staging and export) and frame size."""
+    """One camera of a task: its name (a path component of staging and export), frame size and kind."""
 
     name: str
     height: int
     width: int
+    kind: str = RGB
 
     @property
-    def shape(self) -> tuple[int, int, int]:
-        """An RGB frame's shape, (height, width, 3)."""
-        return (self.height, self.width, 3)
+    def is_depth(self) -> bool:
+        return self.kind == DEPTH
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """A recorded frame's shape: (height, width, 3) for RGB, (height, width) for depth."""
+        return (self.height, self.width) if self.is_depth else (self.height, self.width, 3)
+
+    @property
+    def feature_shape(self) -> tuple[int, int, int]:
+        """The LeRobot feature shape: (height, width, channels)."""
+        return (self.height, self.width, 1 if self.is_depth else 3)
 
     def to_json(self) -> list[Any]:
-        return [self.name, self.height, self.width]
+        """``[name, height, width]`` for RGB (as stores have always recorded it), ``[..., "depth"]`` for depth."""
+        return [self.name, self.height, self.width] + ([self.kind] if self.kind != RGB else [])
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,45 @@ class VideoIdentity:
 
 
 @dataclass(frozen=True)
+class DepthVideoIdentity:
+    """How depth cameras are quantized and encoded: LeRobot 0.6.1's ``DepthEncoderConfig`` fields.
+
+    Recorded in the fingerprint (only when a job has depth cameras), so every episode of a store is decoded
+    back to metres with the settings it was encoded with, whatever lerobot's defaults become later.
+    """
+
+    codec: str
+    pix_fmt: str
+    g: int | None
+    crf: int | float | None
+    preset: int | str | None
+    extra_options: Mapping[str, Any]
+    depth_min: float
+    depth_max: float
+    shift: float
+    use_log: bool
+
+    FIELDS = ("codec", "pix_fmt", "g", "crf", "preset", "extra_options", "depth_min", "depth_max", "shift",
+              "use_log")
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: dict(v) if isinstance(v := getattr(self, k), Mapping) else v for k in self.FIELDS}
+
+    @classmethod
+    def from_json(cls, data: object) -> DepthVideoIdentity:
+        if not isinstance(data, Mapping) or set(data) != set(cls.FIELDS) or \
+                not isinstance(data["extra_options"], Mapping) or not isinstance(data["use_log"], bool) or \
+                not all(isinstance(data[k], (int, float)) and not isinstance(data[k], bool)
+                        for k in ("depth_min", "depth_max", "shift")):
+            raise FingerprintError(f"the store's job fingerprint has a bad 'depth_video' field: expected an object "
+                                   f"with {', '.join(cls.FIELDS)}, got {data!r}"[:400])
+        return cls(codec=str(data["codec"]), pix_fmt=str(data["pix_fmt"]), g=data["g"], crf=data["crf"],
+                   preset=data["preset"], extra_options=dict(data["extra_options"]),
+                   depth_min=float(data["depth_min"]), depth_max=float(data["depth_max"]),
+                   shift=float(data["shift"]), use_log=data["use_log"])
+
+
+@dataclass(frozen=True)
 class Fingerprint:
     """Everything that shapes stored data; a store refuses a job with a different one."""
 
@@ -79,6 +134,7 @@ class Fingerprint:
     video: VideoIdentity
     seed: int
     chunk_frames: int
+    depth_video: DepthVideoIdentity | None = None  # set exactly when a camera is a depth camera
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, exactly as stores have always recorded it (tuples as lists)."""
@@ -87,6 +143,8 @@ class Fingerprint:
                "state_shapes": {k: list(v) for k, v in self.state_shapes.items()},
                "action_shape": list(self.action_shape), "video": self.video.to_json(), "seed": self.seed,
                "chunk_frames": self.chunk_frames}
+        if self.depth_video is not None:  # absent for RGB-only jobs: their JSON is unchanged
+            raw["depth_video"] = self.depth_video.to_json()
         return json.loads(json.dumps(raw, sort_keys=True))
 
     def to_json(self) -> str:
@@ -107,7 +165,7 @@ class Fingerprint:
         wanted = ("schema_version", "task", "task_options", "fps", "cameras", "state_shapes", "action_shape",
                   "video", "seed", "chunk_frames")
         missing = [k for k in wanted if k not in data]
-        extra = sorted(set(data) - set(wanted))
+        extra = sorted(set(data) - set(wanted) - {"depth_video"})
         if missing or extra:
             raise FingerprintError("the store's job fingerprint was written by another version or program: "
                                    + "; ".join([*(f"field {k!r} is missing" for k in missing),
@@ -132,9 +190,13 @@ class Fingerprint:
 
         cameras = data["cameras"]
         if not isinstance(cameras, list) or not all(
-                isinstance(c, list) and len(c) == 3 and isinstance(c[1], int) and isinstance(c[2], int)
-                for c in cameras):
-            raise bad("cameras", "expected a list of [name, height, width]")
+                isinstance(c, list) and (len(c) == 3 or (len(c) == 4 and c[3] in CAMERA_KINDS and c[3] != RGB))
+                and isinstance(c[1], int) and isinstance(c[2], int) for c in cameras):
+            raise bad("cameras", "expected a list of [name, height, width] or [name, height, width, \"depth\"]")
+        depth_video = DepthVideoIdentity.from_json(data["depth_video"]) if "depth_video" in data else None
+        if (depth_video is None) != all(len(c) == 3 for c in cameras):
+            raise FingerprintError("the store's job fingerprint has depth cameras without a 'depth_video' field, or "
+                                   "the other way round")
         states = data["state_shapes"]
         if not isinstance(states, Mapping):
             raise bad("state_shapes", "expected an object of feature: shape")
@@ -152,12 +214,13 @@ class Fingerprint:
             raise FingerprintError(f"the store's job fingerprint is unsafe: {exc}") from None
         return cls(schema_version=integer("schema_version", data["schema_version"]), task=data["task"],
                    task_options=dict(data["task_options"]), fps=integer("fps", data["fps"], 1),
-                   cameras=tuple(CameraSpec(c[0], c[1], c[2]) for c in cameras),
+                   cameras=tuple(CameraSpec(*c) for c in cameras),
                    state_shapes={k: shape("state_shapes", v) for k, v in states.items()},
                    action_shape=shape("action_shape", data["action_shape"]),
                    video=VideoIdentity(codec=str(video["codec"]), crf=video["crf"], preset=video["preset"],
                                        g=integer("video", video["g"], 1), pix_fmt=str(video["pix_fmt"])),
-                   seed=integer("seed", data["seed"]), chunk_frames=integer("chunk_frames", data["chunk_frames"], 1))
+                   seed=integer("seed", data["seed"]), chunk_frames=integer("chunk_frames", data["chunk_frames"], 1),
+                   depth_video=depth_video)
 
     def differences(self, other: Fingerprint) -> list[str]:
         """Each differing field, as 'field: store has X, this job has Y' (self is the store's)."""

@@ -189,13 +189,55 @@ def _check_videos(report: ValidationReport, root: Path, info: dict, episodes, fp
             if count != expected:
                 report.problem(f"{path.relative_to(root)} holds {count} frames; its episodes need {expected}")
             report.checks["video_files"] += 1
+            if (ft.get("info") or {}).get("is_depth_map"):
+                _check_depth_stream(report, root, key, ft, path)
+
+
+#: What LeRobot 0.6.1 needs to read a depth video back to metres (``DepthEncoderConfig.from_video_info``).
+DEPTH_INFO_KEYS = ("depth_unit", "video.codec", "video.pix_fmt", "video.depth_min", "video.depth_max",
+                   "video.shift", "video.use_log")
+DEPTH_QMAX = 4095  # lerobot.configs.video.DEPTH_QMAX: 12-bit codes
+
+
+def _check_depth_stream(report: ValidationReport, root: Path, key: str, ft: dict, path: Path) -> None:
+    """A depth feature's codec fields agree with its file, and its first frame decodes to 12-bit codes."""
+    info = ft["info"]
+    where = path.relative_to(root)
+    missing = [k for k in DEPTH_INFO_KEYS if info.get(k) is None]
+    if missing:
+        report.problem(f"{key}: depth feature info lacks {', '.join(missing)}")
+        return
+    height, width = int(info.get("video.height", 0)), int(info.get("video.width", 0))
+    if list(ft.get("shape", [])) != [height, width, 1] or info.get("video.channels") != 1:
+        report.problem(f"{key}: a depth feature must have shape [H, W, 1] and 1 channel; info says shape "
+                       f"{ft.get('shape')}, {info.get('video.channels')} channel(s)")
+    if info["depth_unit"] not in ("m", "mm"):
+        report.problem(f"{key}: depth_unit {info['depth_unit']!r} is neither 'm' nor 'mm'")
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            codec, pix_fmt = stream.codec_context.name, stream.codec_context.pix_fmt
+            frame = next(container.decode(stream), None)
+            codes = None if frame is None else frame.to_ndarray(format=info["video.pix_fmt"])
+    except (av.FFmpegError, ValueError) as exc:
+        report.problem(f"{where}: cannot decode the depth stream: {exc}")
+        return
+    if codec != info["video.codec"] or pix_fmt != info["video.pix_fmt"]:
+        report.problem(f"{where}: the stream is {codec} {pix_fmt}; {key}'s info says {info['video.codec']} "
+                       f"{info['video.pix_fmt']}")
+    if codes is None or codes.shape != (height, width) or int(codes.max()) > DEPTH_QMAX:
+        report.problem(f"{where}: the first depth frame decodes to "
+                       f"{None if codes is None else (codes.shape, int(codes.max()))}; expected ({height}, {width}) "
+                       f"codes <= {DEPTH_QMAX}")
+    report.checks["depth_streams"] += 1
 
 
 def _check_load(report: ValidationReport, root: Path, backend: str, samples: int, seed: int) -> None:
     try:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-        dataset = LeRobotDataset(repo_id=f"local/{root.name}", root=root, video_backend=backend)
+        dataset = LeRobotDataset(repo_id=f"local/{root.name}", root=root, video_backend=backend,
+                                 depth_output_unit="m")
         if len(dataset) != report.frames:
             report.problem(f"LeRobotDataset sees {len(dataset)} frames, the files hold {report.frames}")
         rng = random.Random(seed)
@@ -205,6 +247,13 @@ def _check_load(report: ValidationReport, root: Path, backend: str, samples: int
             for key in dataset.meta.video_keys:
                 if tuple(item[key].shape) != tuple(np.roll(dataset.meta.features[key]["shape"], 1)):
                     report.problem(f"frame {i}: {key} decoded as {tuple(item[key].shape)}")
+                if key in dataset.meta.depth_keys:
+                    info = dataset.meta.features[key]["info"]
+                    metres = item[key].numpy()
+                    low, high = float(info["video.depth_min"]), float(info["video.depth_max"])
+                    if not np.isfinite(metres).all() or metres.min() < low - 1e-6 or metres.max() > high + 1e-6:
+                        report.problem(f"frame {i}: {key} decoded to {metres.min():.4g}..{metres.max():.4g} m, "
+                                       f"outside the quantizer's range {low:g}..{high:g} m")
                 report.decoded_frames += 1
     except Exception as exc:
         report.load_error = f"{type(exc).__name__}: {exc}"

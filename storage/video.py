@@ -18,7 +18,7 @@ VideoSource = bytes | str | Path
 
 
 @contextmanager
-def _open(source: VideoSource) -> Iterator[av.container.InputContainer]:
+def open_video(source: VideoSource) -> Iterator[av.container.InputContainer]:
     container = av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source), mode="r")
     try:
         yield container
@@ -28,13 +28,13 @@ def _open(source: VideoSource) -> Iterator[av.container.InputContainer]:
 
 def count_frames(source: VideoSource) -> int:
     """Frames in the first video stream, counted from its packets (no decoding)."""
-    with _open(source) as container:
+    with open_video(source) as container:
         return sum(1 for packet in container.demux(container.streams.video[0]) if packet.size)
 
 
 def iter_frames(source: VideoSource) -> Iterator[np.ndarray]:
     """Every frame of the first video stream as RGB uint8 (H, W, 3), in presentation order."""
-    with _open(source) as container:
+    with open_video(source) as container:
         for frame in container.decode(container.streams.video[0]):
             yield frame.to_ndarray(format="rgb24")
 
@@ -53,7 +53,7 @@ def decode_indices(source: VideoSource, indices: Iterable[int]) -> dict[int, np.
     if not wanted:
         return out
     last = max(wanted)
-    with _open(source) as container:
+    with open_video(source) as container:
         for i, frame in enumerate(container.decode(container.streams.video[0])):
             if i in wanted:
                 out[i] = frame.to_ndarray(format="rgb24")
@@ -67,7 +67,7 @@ def decode_span(source: VideoSource, start_s: float, end_s: float, fps: int) -> 
     to the keyframe before ``start_s`` first. Frame times are multiples of 1/fps: half a frame of slack."""
     half = 0.5 / fps
     out: list[np.ndarray] = []
-    with _open(source) as container:
+    with open_video(source) as container:
         stream = container.streams.video[0]
         time_base = float(stream.time_base or 0) or 1.0 / fps
         if start_s > 0:

@@ -8,7 +8,7 @@ import numpy as np
 
 from demoforge.pipeline.contract import RecordedObservation
 from demoforge.pipeline.tasks.registry import TaskEntry, register
-from toy_tasks import DEFAULTS, CameraPointEnv, _info
+from toy_tasks import DEFAULTS, CameraPointEnv, describe
 
 
 class NoiseCameraEnv(CameraPointEnv):
@@ -19,7 +19,7 @@ class NoiseCameraEnv(CameraPointEnv):
 
 
 def _noise_info(options):
-    return _info(options)
+    return describe(options)
 
 
 register(TaskEntry(name="toy-noise", defaults=DEFAULTS, describe=_noise_info,

@@ -52,6 +52,15 @@ def test_installed_plugin_is_listed_generated_and_exported(plugin_site: Path, tm
     report = json.loads(valid.stdout)
     assert report["episodes"] == 3
 
+    # Worker processes load the plugin the same way (by its entry point) and commit the same episodes.
+    remote = tmp_path / "remote"
+    gen = run_cli("generate", "--task", "slider-reach", "--episodes", "3", "--store", str(remote), "--codec", "h264",
+                  "--executor", "process", "--workers", "2", PYTHONPATH=with_path(plugin_site))
+    assert gen.returncode == 0, gen.stderr
+    from demoforge.storage.invariants import attempt_rows, identities
+
+    assert identities(attempt_rows(remote)) == identities(attempt_rows(store))
+
 
 @pytest.mark.slow
 def test_module_factory_spec_loads_a_task_that_is_not_installed(tmp_path: Path) -> None:

@@ -25,8 +25,9 @@ from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import JobRunner, run_job
 from demoforge.pipeline.workers.config import ExecutorConfig
 from demoforge.storage.catalog import Catalog
-from demoforge.storage.staging import VIDEO_CHUNK_BYTES, StagingStore
-from demoforge.storage.store import layout_from_fingerprint
+from demoforge.storage.reader import open_store_reader
+from demoforge.storage.schema import AttemptState
+from demoforge.storage.staging import VIDEO_CHUNK_BYTES, staged_episode_ids
 from demoforge.storage.verify import verify_store
 from helpers import cli_env, demoforge_argv
 
@@ -43,19 +44,17 @@ SLOW_COMMIT = "commit:0.3"
 
 
 def identity(store: Path) -> list[tuple]:
-    catalog = Catalog(store)
-    try:
-        return [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash) for r in catalog.committed()]
-    finally:
-        catalog.close()
+    with open_store_reader(store) as view:
+        return [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash) for r in view.catalog.committed()]
 
 
 def check_store(store: Path) -> Catalog:
     """No attempt left staging, no staged folder without a committed row, every committed episode verifies."""
-    catalog = Catalog(store)
-    staging = StagingStore(store, layout_from_fingerprint(catalog.fingerprint()))
-    assert not catalog.attempts(("staging",))
-    assert set(staging.episode_ids()) == {r.episode_id for r in catalog.committed()}
+    view = open_store_reader(store)
+    _fingerprint, staging = view.require_job()
+    catalog = view.catalog
+    assert not catalog.attempts((AttemptState.STAGING,))
+    assert set(staged_episode_ids(store)) == {r.episode_id for r in catalog.committed()}
     assert verify_store(catalog, staging).ok
     return catalog
 
@@ -251,9 +250,8 @@ def test_a_slow_writer_slows_the_workers_and_memory_stays_bounded(tmp_path, monk
     produced = steps * episodes
     assert report.frames_this_run == produced and report.committed_total == episodes  # nothing dropped
     assert elapsed >= produced * delay  # the writer paced the run
-    catalog = Catalog(tmp_path / "store")
-    encoded = sum(sum(r.video_bytes.values()) for r in catalog.committed())
-    catalog.close()
+    with open_store_reader(tmp_path / "store") as view:
+        encoded = sum(sum(r.video_bytes.values()) for r in view.catalog.committed())
     per_frame = encoded / produced
     # What the driver may hold: two queues of queue_frames records plus, per worker, the pieces in flight
     # (max_in_flight + the one being forwarded) of batch_frames frames (x2 for per-record overhead); the
@@ -360,8 +358,8 @@ def test_a_task_the_workers_cannot_import_is_named(tmp_path, ray_cluster):
     plugins.mkdir()
     (plugins / "driver_only_task.py").write_text(
         "from demoforge.pipeline.tasks.registry import TaskEntry, register\n"
-        "from toy_tasks import DEFAULTS, CameraPointEnv, _info\n"
-        "register(TaskEntry(name='driver-only', defaults=DEFAULTS, describe=_info,\n"
+        "from toy_tasks import DEFAULTS, CameraPointEnv, describe\n"
+        "register(TaskEntry(name='driver-only', defaults=DEFAULTS, describe=describe,\n"
         "                   make_env=lambda o: CameraPointEnv(dict(o))))\n")
     env = cli_env(DEMOFORGE_TASK_MODULES="toy_tasks,driver_only_task")
     env["PYTHONPATH"] = os.pathsep.join([str(plugins), env["PYTHONPATH"]])

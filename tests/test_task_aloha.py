@@ -136,3 +136,19 @@ def test_hold_action_keeps_the_arms_still(aloha):
 def test_bad_options_are_refused(options):
     with pytest.raises(TaskOptionError):
         get_task(TASK).info(options)
+
+
+@pytest.mark.slow
+def test_depth_option_renders_metres_from_the_top_camera() -> None:
+    entry = get_task("aloha-transfer-cube")
+    options = {"image_height": 48, "image_width": 64, "depth": True}
+    assert [c.kind for c in entry.info(options).cameras] == ["rgb", "depth"]
+    env = entry.build(options)
+    try:
+        obs, _ = env.reset(seed=0)
+        depth = env.demo_record(obs).images["top_depth"]
+    finally:
+        env.close()
+    assert depth.shape == (48, 64) and depth.dtype == np.float32
+    near = depth[depth < 3.0]  # the scene under the top camera; pixels seeing no geometry read the far plane
+    assert np.isfinite(depth).all() and near.size > depth.size / 5 and 0.3 < float(np.median(near)) < 1.5

@@ -41,13 +41,17 @@ from demoforge.pipeline.tasks.registry import (  # noqa: E402
     TaskEntry,
     TaskInfo,
     TaskOptionError,
+    depth_camera,
+    fingerprint_options,
     register,
 )
 
 TASK_NAME = "aloha-transfer-cube"
-DEFAULTS: dict[str, Any] = {"image_height": 224, "image_width": 224, "shadows": False}
+ADDED_OPTIONS: dict[str, Any] = {"depth": False}  # options added later: left out of fingerprints when default
+DEFAULTS: dict[str, Any] = {"image_height": 224, "image_width": 224, "shadows": False, **ADDED_OPTIONS}
 MIN_SIZE, MAX_SIZE = 32, 1080
 CAMERA = "top"
+DEPTH_CAMERA = "top_depth"  # registry.depth_camera's name for it
 FPS = 50
 INSTRUCTION = "transfer the cube from the right arm to the left arm"
 ARMS = ("left", "right")
@@ -337,6 +341,8 @@ class AlohaTransferCube(gym.Wrapper):
         height, width = int(options["image_height"]), int(options["image_width"])
         super().__init__(TimeLimit(_OneCameraAlohaEnv(height, width, bool(options["shadows"])),
                                    max_episode_steps=STEP_LIMIT))
+        self._size = (height, width)
+        self.depth = bool(options["depth"])
         self._planner = EndEffectorSim()
         self._start: dict[str, Keyframe] = {}
         self._closed = False
@@ -455,9 +461,15 @@ class AlohaTransferCube(gym.Wrapper):
         return np.concatenate([ctrl[0:6], [grips["left"]], ctrl[8:14], [grips["right"]]]).astype(np.float32)
 
     def demo_record(self, observation: Mapping[str, Any]) -> RecordedObservation:
+        """The joint positions and the top camera; with ``depth``, also its depth in metres, rendered now by
+        dm_control from the state the observation was taken in (the executor records right after a step)."""
+        images = {CAMERA: np.asarray(observation["pixels"][CAMERA], dtype=np.uint8)}
+        if self.depth:
+            height, width = self._size
+            images[DEPTH_CAMERA] = np.asarray(self.physics.render(height=height, width=width, camera_id=CAMERA,
+                                                                  depth=True), dtype=np.float32)
         return RecordedObservation(
-            state={"observation.state": np.asarray(observation["agent_pos"], dtype=np.float32)},
-            images={CAMERA: np.asarray(observation["pixels"][CAMERA], dtype=np.uint8)})
+            state={"observation.state": np.asarray(observation["agent_pos"], dtype=np.float32)}, images=images)
 
     def demo_instruction(self) -> str:
         return INSTRUCTION
@@ -473,6 +485,11 @@ def check_options(options: Mapping[str, Any]) -> None:
                                   f"got {value!r}")
 
 
+def _cameras(height: int, width: int, depth: bool) -> tuple[CameraSpec, ...]:
+    rgb = CameraSpec(CAMERA, height, width)
+    return (rgb, depth_camera(rgb)) if depth else (rgb,)
+
+
 def describe(options: Mapping[str, Any]) -> TaskInfo:
     return TaskInfo(
         name=TASK_NAME,
@@ -480,8 +497,9 @@ def describe(options: Mapping[str, Any]) -> TaskInfo:
                     "and hands it to the left arm; 14 absolute joint targets, top camera.",
         instruction=INSTRUCTION, fps=FPS, action_shape=(len(JOINTS),),
         state_shapes={"observation.state": (len(JOINTS),)},
-        cameras=(CameraSpec(CAMERA, int(options["image_height"]), int(options["image_width"])),),
-        segment_names=SEGMENT_NAMES, options=dict(options), action_names=tuple(JOINTS), robot_type="aloha")
+        cameras=_cameras(int(options["image_height"]), int(options["image_width"]), bool(options["depth"])),
+        segment_names=SEGMENT_NAMES, options=fingerprint_options(options, ADDED_OPTIONS), action_names=tuple(JOINTS),
+        robot_type="aloha")
 
 
 def make_env(options: Mapping[str, Any]) -> gym.Env:

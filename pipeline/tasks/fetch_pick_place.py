@@ -21,13 +21,23 @@ import gymnasium as gym
 import numpy as np
 
 from demoforge.pipeline.contract import RecordedObservation, Segment, StepView
-from demoforge.pipeline.tasks.registry import CameraSpec, TaskEntry, TaskInfo, TaskOptionError, register
+from demoforge.pipeline.tasks.registry import (
+    CameraSpec,
+    TaskEntry,
+    TaskInfo,
+    TaskOptionError,
+    depth_camera,
+    fingerprint_options,
+    register,
+)
 
 TASK_NAME = "fetch-pick-place"
 FETCH_ENV_ID = "FetchPickAndPlace-v4"
 CAMERA = "front"
+DEPTH_CAMERA = "front_depth"  # registry.depth_camera's name for it
 FPS = 25
-DEFAULTS: Mapping[str, Any] = {"cycles": 3, "image_size": 224}
+ADDED_OPTIONS: Mapping[str, Any] = {"depth": False}  # options added later: left out of fingerprints when default
+DEFAULTS: Mapping[str, Any] = {"cycles": 3, "image_size": 224, **ADDED_OPTIONS}
 CYCLES_RANGE = (1, 20)
 IMAGE_SIZE_RANGE = (32, 1024)
 PHASES = ("reach", "descend", "grasp", "carry", "release")
@@ -86,12 +96,19 @@ def max_episode_steps(cycles: int) -> int:
 
 
 class FetchPickPlace(gym.Wrapper):
-    """Renders the front camera after every reset and step and plans K closed-loop pick-and-place cycles."""
+    """Renders the front camera after every reset and step and plans K closed-loop pick-and-place cycles.
 
-    def __init__(self, env: gym.Env, cycles: int) -> None:
+    With ``depth`` it also renders the front camera's depth (metres per pixel, same size and view) as camera
+    ``front_depth``, through MuJoCo's own renderer so the z-buffer is converted to metres by MuJoCo.
+    """
+
+    def __init__(self, env: gym.Env, cycles: int, depth: bool = False) -> None:
         super().__init__(env)
         self.cycles = cycles
+        self.depth = depth
         self._frame: np.ndarray | None = None
+        self._depth: np.ndarray | None = None
+        self._depth_renderer: Any = None
         self._frame_goal: np.ndarray | None = None
 
     # ------------------------------------------------------------------------------------ gym API
@@ -111,6 +128,9 @@ class FetchPickPlace(gym.Wrapper):
         Left to the garbage collector, MuJoCo frees them in whatever context is current then, which
         deletes another live env's framebuffer (its later frames come out black).
         """
+        if self._depth_renderer is not None:
+            self._depth_renderer.close()  # frees its own GL context
+            self._depth_renderer = None
         viewer = self._viewer()
         if viewer is not None:
             viewer.make_context_current()
@@ -130,7 +150,24 @@ class FetchPickPlace(gym.Wrapper):
         if viewer is not None:
             viewer.make_context_current()
         self._frame = np.array(self.env.render(), dtype=np.uint8, copy=True)
+        if self.depth:
+            self._depth = self._render_depth()
         self._frame_goal = self._goal()
+
+    def _render_depth(self) -> np.ndarray:
+        """Depth in metres from the RGB viewer's camera, in MuJoCo's renderer (its own GL context)."""
+        import mujoco
+
+        viewer = self._viewer()
+        if self._depth_renderer is None:
+            height, width = self._frame.shape[:2] if self._frame is not None else (0, 0)
+            self._depth_renderer = mujoco.Renderer(self._fetch.model, height=height, width=width)
+            self._depth_renderer.enable_depth_rendering()
+        self._depth_renderer.update_scene(self._fetch.data, camera=viewer.cam, scene_option=viewer.vopt)
+        depth = np.array(self._depth_renderer.render(), dtype=np.float32, copy=True)
+        if viewer is not None:
+            viewer.make_context_current()  # leave the RGB viewer's context current, as the env expects
+        return depth
 
     # ---------------------------------------------------------------------------- simulator reads
     @property
@@ -192,7 +229,10 @@ class FetchPickPlace(gym.Wrapper):
             raise RuntimeError("demo_record before reset")
         state = {"observation.state": np.asarray(observation["observation"], dtype=np.float32),
                  "observation.goal": self._frame_goal.astype(np.float32)}
-        return RecordedObservation(state=state, images={CAMERA: self._frame})
+        images = {CAMERA: self._frame}
+        if self._depth is not None:
+            images[DEPTH_CAMERA] = self._depth
+        return RecordedObservation(state=state, images=images)
 
     def demo_success(self, observation: Mapping[str, Any], info: Mapping[str, Any]) -> bool:
         distance = np.linalg.norm(np.asarray(observation["achieved_goal"]) - self._goal())
@@ -344,6 +384,11 @@ def check(options: Mapping[str, Any]) -> None:
                                   f"got {options[key]!r}")
 
 
+def _cameras(size: int, depth: bool) -> tuple[CameraSpec, ...]:
+    rgb = CameraSpec(CAMERA, size, size)
+    return (rgb, depth_camera(rgb)) if depth else (rgb,)
+
+
 def describe(options: Mapping[str, Any]) -> TaskInfo:
     cycles, size = int(options["cycles"]), int(options["image_size"])
     return TaskInfo(
@@ -352,8 +397,9 @@ def describe(options: Mapping[str, Any]) -> TaskInfo:
                     f"cycle planned from the cube's measured pose (gymnasium-robotics {FETCH_ENV_ID})",
         instruction=instruction(cycles), fps=FPS, action_shape=(4,),
         state_shapes={"observation.state": (25,), "observation.goal": (3,)},
-        cameras=(CameraSpec(CAMERA, size, size),), segment_names=segment_names(cycles),
-        options=dict(options), action_names=("dx", "dy", "dz", "gripper"), robot_type="fetch")
+        cameras=_cameras(size, bool(options["depth"])), segment_names=segment_names(cycles),
+        options=fingerprint_options(options, ADDED_OPTIONS), action_names=("dx", "dy", "dz", "gripper"),
+        robot_type="fetch")
 
 
 def make_env(options: Mapping[str, Any]) -> FetchPickPlace:
@@ -364,7 +410,7 @@ def make_env(options: Mapping[str, Any]) -> FetchPickPlace:
     camera = {k: np.array(v, dtype=np.float64) if isinstance(v, tuple) else v for k, v in CAMERA_CONFIG.items()}
     env = gym.make(FETCH_ENV_ID, render_mode="rgb_array", width=size, height=size,
                    max_episode_steps=max_episode_steps(cycles), default_camera_config=camera)
-    return FetchPickPlace(env, cycles)
+    return FetchPickPlace(env, cycles, depth=bool(options["depth"]))
 
 
 ENTRY = register(TaskEntry(name=TASK_NAME, defaults=DEFAULTS, describe=describe, make_env=make_env,

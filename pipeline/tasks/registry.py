@@ -20,7 +20,11 @@ from typing import Any
 
 import gymnasium as gym
 
-from demoforge.storage.schema import CameraSpec  # the one camera description (tasks, fingerprint, staging, export)
+from demoforge.storage.schema import (  # the one camera description (tasks, fingerprint, staging, export)
+    CAMERA_KINDS,
+    DEPTH,
+    CameraSpec,
+)
 
 
 class UnknownTaskError(KeyError):
@@ -45,6 +49,17 @@ MAX_CAMERA_SIDE = 4096
 MAX_CAMERAS = 16
 MAX_FEATURE_VALUES = 1 << 20
 MAX_FPS = 1000
+
+
+def fingerprint_options(options: Mapping[str, Any], added: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` without those of ``added`` that are at their default: an option a task gained later (at
+    its default) leaves the job fingerprint, and so the stores written before it existed, unchanged."""
+    return {k: v for k, v in options.items() if not (k in added and v == added[k] and type(v) is type(added[k]))}
+
+
+def depth_camera(camera: CameraSpec) -> CameraSpec:
+    """The depth camera rendered with ``camera``: same size, named ``<camera>_depth``."""
+    return CameraSpec(f"{camera.name}_depth", camera.height, camera.width, DEPTH)
 
 
 def _is_int(value: object) -> bool:
@@ -73,6 +88,9 @@ def check_task_info(info: TaskInfo) -> TaskInfo:
             if camera.name in seen:
                 raise TaskDefinitionError(f"camera {camera.name!r} is declared twice")
             seen.add(camera.name)
+            if camera.kind not in CAMERA_KINDS:
+                raise TaskDefinitionError(f"camera {camera.name!r} has kind {camera.kind!r}; expected one of "
+                                          f"{', '.join(CAMERA_KINDS)}")
             for side in (camera.height, camera.width):
                 if not _is_int(side) or not 1 <= side <= MAX_CAMERA_SIDE:
                     raise TaskDefinitionError(f"camera {camera.name!r} is {camera.height!r}x{camera.width!r}; "

@@ -136,7 +136,7 @@ class EpisodeWorker:
             active: list[Any] = []  # [key, seed, row, frames] of the attempt in progress
             try:
                 executor = Executor(self.env, task=spec.task, job_seed=spec.job_seed, max_attempts=spec.max_attempts,
-                                    worker=spec.worker)
+                                    worker=spec.worker, cameras=spec.cameras)
                 for record in executor.run(_OneEpisode(EpisodeAssignment(episode_index, attempt))):
                     if isinstance(record, AttemptStarted):
                         encoders = self._open_encoders()
@@ -197,9 +197,9 @@ class EpisodeWorker:
         self.env = self._build()
 
     def _open_encoders(self) -> dict[str, Any]:
-        from demoforge.stages.encode import CameraEncoder
+        from demoforge.stages.encode import make_encoder  # by camera kind: RGB or depth
 
-        return {c.name: CameraEncoder(c, self.spec.fps, self.spec.video) for c in self.spec.cameras}
+        return {c.name: make_encoder(c, self.spec.fps, self.spec.video) for c in self.spec.cameras}
 
 class _PieceBuilder:
     """The piece being filled: resolved encoded frames in order, and frames still being encoded."""
