@@ -21,7 +21,8 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -274,13 +275,20 @@ class StagingStore:
         return staged_episode_ids(self.store_dir)
 
     def make_durable(self, episode_id: str) -> None:
-        """fsync every file and directory of the episode, then its parents (zarr itself never fsyncs)."""
+        """fsync every file and directory of the episode, then its parents (zarr itself never fsyncs).
+
+        The fsyncs run concurrently: the filesystem's journal then commits them together instead of once per
+        file (an episode has a few dozen files and folders; one after another they took 0.3-1.2 s on a busy
+        disk). It returns only when all have succeeded, so the commit that follows still comes after them.
+        """
         self._writable(f"make episode {episode_id} durable")
         path = self.episode_path(episode_id)
+        files: list[Path] = []
+        folders: list[Path] = []
         for dirpath, _dirnames, filenames in os.walk(path):
-            for name in filenames:
-                fsync_file(Path(dirpath) / name)
-            fsync_dir(Path(dirpath))
+            files += [Path(dirpath) / name for name in filenames]
+            folders.append(Path(dirpath))
+        fsync_all(files, folders)
         fsync_dir(path.parent)
         fsync_dir(self.path)
 
@@ -319,6 +327,23 @@ class StagingStore:
         """Temp files a killed zarr write leaves behind (``*.partial``)."""
         if self.path.exists():
             yield from self.path.rglob("*.partial")
+
+
+#: Concurrent fsyncs of one :func:`fsync_all`; they mostly wait on the disk, not on a CPU.
+FSYNC_THREADS = 16
+
+
+def fsync_all(files: Sequence[Path], folders: Sequence[Path] = ()) -> None:
+    """fsync every file and folder, concurrently; raises the first failure after all have been tried."""
+    jobs = [(fsync_file, p) for p in files] + [(fsync_dir, p) for p in folders]
+    if len(jobs) <= 1:
+        for fn, p in jobs:
+            fn(p)
+        return
+    with ThreadPoolExecutor(max_workers=min(FSYNC_THREADS, len(jobs)), thread_name_prefix="fsync") as pool:
+        futures = [pool.submit(fn, p) for fn, p in jobs]
+    for future in futures:
+        future.result()
 
 
 def fsync_file(path: Path) -> None:

@@ -258,14 +258,15 @@ async def test_encode_waits_for_its_consumer_and_can_be_cancelled_mid_attempt():
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: encode_stage(in_recv, out_send, cameras=INFO.cameras, fps=INFO.fps,
-                                               settings=H264))
+                                               settings=H264, lookahead=4))
             first = await out_recv.receive()
             second = await out_recv.receive()
             assert isinstance(first, AttemptStarted) and isinstance(second, EncodedFrame)
             await anyio.sleep(0.2)
-            # Nobody reads: the stage holds one encoded frame in send and takes nothing more.
+            # Nobody reads: the stage holds one encoded frame in send, has taken its lookahead of records
+            # in all and takes nothing more.
             assert out_send.statistics().tasks_waiting_send == 1
-            assert in_send.statistics().current_buffer_used == len(records) - 3
+            assert in_send.statistics().current_buffer_used == len(records) - 2 - 4
             tg.cancel_scope.cancel()  # mid-attempt: its encoders are aborted, its streams closed
     with pytest.raises(anyio.EndOfStream):
         await out_recv.receive()
