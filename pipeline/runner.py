@@ -171,7 +171,8 @@ class JobRunner:
                             w, lambda: self.entry.build(spec.task_options), task=spec.task,
                             num_envs=spec.num_envs, job_seed=spec.seed, max_attempts=spec.max_attempts,
                             assignments=assign_recv.clone(), send=step_send.clone(), stop=self._stop,
-                            delay_s=delays.get("step", 0.0), busy=stats.busy, step_timeout_s=spec.step_timeout_s))
+                            delay_s=delays.get("step", 0.0), busy=stats.busy, step_timeout_s=spec.step_timeout_s,
+                            send_batch=max(1, q // 4)))
                 tg.start_soon(lambda: encode_stage(step_recv, enc_send, cameras=info.cameras, fps=info.fps,
                                                    settings=spec.video, delay_s=delays.get("encode", 0.0),
                                                    busy=stats.busy))
