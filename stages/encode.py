@@ -144,28 +144,27 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
                         lanes.submit_end(record.key, keep=record.result.committable)
                     await slots_send.send(record)
 
-    async def emit() -> None:
-        async with slots_recv:
-            async for slot in slots_recv:
-                if isinstance(slot, _FrameSlot):
-                    r = slot.record
-                    video = await lanes.next_result()
-                    if delay_s:
-                        await anyio.sleep(delay_s)
-                    await send.send(EncodedFrame(r.key, r.step, r.state, r.action, r.reward, r.annotations,
-                                                 {name: data or b"" for name, data in video.items()}))
-                elif isinstance(slot, AttemptEnded):
-                    tail = await lanes.next_result()
-                    if slot.result.committable:
-                        await send.send(VideoTail(slot.key, {n: d for n, d in tail.items() if d is not None}))
-                    await send.send(slot)
-                else:
-                    await send.send(slot)
-                for name, seconds in lanes.busy_seconds().items():
-                    busy[f"encode:{name}"] = seconds
+    async def emit() -> None:  # leaves slots_recv open on failure: the feeder is cancelled, not broken
+        async for slot in slots_recv:
+            if isinstance(slot, _FrameSlot):
+                r = slot.record
+                video = await lanes.next_result()
+                if delay_s:
+                    await anyio.sleep(delay_s)
+                await send.send(EncodedFrame(r.key, r.step, r.state, r.action, r.reward, r.annotations,
+                                             {name: data or b"" for name, data in video.items()}))
+            elif isinstance(slot, AttemptEnded):
+                tail = await lanes.next_result()
+                if slot.result.committable:
+                    await send.send(VideoTail(slot.key, {n: d for n, d in tail.items() if d is not None}))
+                await send.send(slot)
+            else:
+                await send.send(slot)
+            for name, seconds in lanes.busy_seconds().items():
+                busy[f"encode:{name}"] = seconds
 
     try:
-        async with receive, send:
+        async with receive, send, slots_recv:
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(feed)

@@ -92,17 +92,16 @@ async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryOb
                 else:
                     await jobs_send.send(_IoJob(result=lambda r=record: r))
 
-    async def run_io() -> None:
-        async with jobs_recv:
-            async for job in jobs_recv:
-                if job.work is not None:
-                    mark = time.perf_counter()
-                    await anyio.to_thread.run_sync(job.work)
-                    busy["write"] = busy.get("write", 0.0) + time.perf_counter() - mark
-                if job.result is not None:
-                    await send.send(job.result())
+    async def run_io() -> None:  # leaves jobs_recv open on failure: the intake is cancelled, not broken
+        async for job in jobs_recv:
+            if job.work is not None:
+                mark = time.perf_counter()
+                await anyio.to_thread.run_sync(job.work)
+                busy["write"] = busy.get("write", 0.0) + time.perf_counter() - mark
+            if job.result is not None:
+                await send.send(job.result())
 
-    async with receive, send:
+    async with receive, send, jobs_recv:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(intake)

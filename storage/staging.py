@@ -21,7 +21,7 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -351,18 +351,19 @@ class StagingStore:
     def make_durable(self, episode_id: str) -> None:
         """fsync every file and directory of the episode, then its parents (zarr itself never fsyncs).
 
-        The fsyncs run concurrently: the filesystem's journal then commits them together instead of once per
-        file (an episode has a few dozen files and folders; one after another they took 0.3-1.2 s on a busy
-        disk). It returns only when all have succeeded, so the commit that follows still comes after them.
-        """
+        The episode's files and folders are fsynced concurrently: the filesystem folds concurrent fsyncs
+        into few journal commits (one after another they took 0.3-1.2 s per episode on this busy disk, the
+        largest part of the recorder's tail, docs/performance.md); all of them have returned before this does."""
         self._writable(f"make episode {episode_id} durable")
         path = self.episode_path(episode_id)
         files: list[Path] = []
-        folders: list[Path] = []
+        dirs: list[Path] = []
         for dirpath, _dirnames, filenames in os.walk(path):
-            files += [Path(dirpath) / name for name in filenames]
-            folders.append(Path(dirpath))
-        fsync_all(files, folders)
+            files.extend(Path(dirpath) / name for name in filenames)
+            dirs.append(Path(dirpath))
+        pool = _fsync_pool()
+        list(pool.map(fsync_file, files))
+        list(pool.map(fsync_dir, dirs))
         fsync_dir(path.parent)
         fsync_dir(self.path)
 
@@ -403,21 +404,14 @@ class StagingStore:
             yield from self.path.rglob("*.partial")
 
 
-#: Concurrent fsyncs of one :func:`fsync_all`; they mostly wait on the disk, not on a CPU.
-FSYNC_THREADS = 16
+_FSYNC_POOL: ThreadPoolExecutor | None = None
 
 
-def fsync_all(files: Sequence[Path], folders: Sequence[Path] = ()) -> None:
-    """fsync every file and folder, concurrently; raises the first failure after all have been tried."""
-    jobs = [(fsync_file, p) for p in files] + [(fsync_dir, p) for p in folders]
-    if len(jobs) <= 1:
-        for fn, p in jobs:
-            fn(p)
-        return
-    with ThreadPoolExecutor(max_workers=min(FSYNC_THREADS, len(jobs)), thread_name_prefix="fsync") as pool:
-        futures = [pool.submit(fn, p) for fn, p in jobs]
-    for future in futures:
-        future.result()
+def _fsync_pool() -> ThreadPoolExecutor:
+    global _FSYNC_POOL
+    if _FSYNC_POOL is None:
+        _FSYNC_POOL = ThreadPoolExecutor(16, thread_name_prefix="fsync")
+    return _FSYNC_POOL
 
 
 def fsync_file(path: Path) -> None:
