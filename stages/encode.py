@@ -18,7 +18,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from demoforge.pipeline.job import VideoSettings
 from demoforge.pipeline.malloc import make_uninitialized_reads_deterministic
-from demoforge.pipeline.records import AttemptEnded, AttemptKey, EncodedFrame, Frame, Record, VideoTail
+from demoforge.pipeline.records import AttemptEnded, EncodedFrame, Frame, Record, VideoTail
 from demoforge.pipeline.tasks.registry import CameraSpec
 from demoforge.stages.encode_lanes import LaneSet
 
@@ -144,31 +144,35 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
                         lanes.submit_end(record.key, keep=record.result.committable)
                     await slots_send.send(record)
 
-    async def emit() -> None:  # leaves slots_recv open on failure: the feeder is cancelled, not broken
-        async for slot in slots_recv:
-            if isinstance(slot, _FrameSlot):
-                r = slot.record
-                video = await lanes.next_result()
-                if delay_s:
-                    await anyio.sleep(delay_s)
-                await send.send(EncodedFrame(r.key, r.step, r.state, r.action, r.reward, r.annotations,
-                                             {name: data or b"" for name, data in video.items()}))
-            elif isinstance(slot, AttemptEnded):
-                tail = await lanes.next_result()
-                if slot.result.committable:
-                    await send.send(VideoTail(slot.key, {n: d for n, d in tail.items() if d is not None}))
-                await send.send(slot)
-            else:
-                await send.send(slot)
-            for name, seconds in lanes.busy_seconds().items():
-                busy[f"encode:{name}"] = seconds
+    async def emit(stage: anyio.CancelScope) -> None:
+        """Send results on in order; leaves slots_recv open on failure (the feeder is cancelled, not broken)."""
+        try:
+            async for slot in slots_recv:
+                if isinstance(slot, _FrameSlot):
+                    r = slot.record
+                    video = await lanes.next_result()
+                    if delay_s:
+                        await anyio.sleep(delay_s)
+                    await send.send(EncodedFrame(r.key, r.step, r.state, r.action, r.reward, r.annotations,
+                                                 {name: data or b"" for name, data in video.items()}))
+                elif isinstance(slot, AttemptEnded):
+                    tail = await lanes.next_result()
+                    if slot.result.committable:
+                        await send.send(VideoTail(slot.key, {n: d for n, d in tail.items() if d is not None}))
+                    await send.send(slot)
+                else:
+                    await send.send(slot)
+                for name, seconds in lanes.busy_seconds().items():
+                    busy[f"encode:{name}"] = seconds
+        except anyio.BrokenResourceError:
+            stage.cancel()  # the next stage is gone: it failed or was cancelled, and reports why itself
 
     try:
         async with receive, send, slots_recv:
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(feed)
-                    tg.start_soon(emit)
+                    tg.start_soon(emit, tg.cancel_scope)
             except BaseExceptionGroup as group:  # the stage fails with its own error, as one exception
                 if len(group.exceptions) == 1:
                     raise group.exceptions[0] from group.exceptions[0].__cause__

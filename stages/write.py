@@ -92,20 +92,24 @@ async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryOb
                 else:
                     await jobs_send.send(_IoJob(result=lambda r=record: r))
 
-    async def run_io() -> None:  # leaves jobs_recv open on failure: the intake is cancelled, not broken
-        async for job in jobs_recv:
-            if job.work is not None:
-                mark = time.perf_counter()
-                await anyio.to_thread.run_sync(job.work)
-                busy["write"] = busy.get("write", 0.0) + time.perf_counter() - mark
-            if job.result is not None:
-                await send.send(job.result())
+    async def run_io(stage: anyio.CancelScope) -> None:
+        """Run jobs in order; leaves jobs_recv open on failure (the intake is cancelled, not broken)."""
+        try:
+            async for job in jobs_recv:
+                if job.work is not None:
+                    mark = time.perf_counter()
+                    await anyio.to_thread.run_sync(job.work)
+                    busy["write"] = busy.get("write", 0.0) + time.perf_counter() - mark
+                if job.result is not None:
+                    await send.send(job.result())
+        except anyio.BrokenResourceError:
+            stage.cancel()  # the commit stage is gone: it failed or was cancelled, and reports why itself
 
     async with receive, send, jobs_recv:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(intake)
-                tg.start_soon(run_io)
+                tg.start_soon(run_io, tg.cancel_scope)
         except BaseExceptionGroup as group:  # the stage fails with its own error, as one exception
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from group.exceptions[0].__cause__

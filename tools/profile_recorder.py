@@ -2,14 +2,17 @@
 """Where the recorder spends its time per frame: demoforge's recording stages on table (b)'s frames.
 
 Runs ``run_job`` on tools/bench_pipeline.py's in-script task (2 cameras 480x640, pre-rendered frames from
-memory), so only recording is timed, then prints frames/s and CPU per frame. Run it under py-spy to see
-where that CPU goes, then summarise the samples by part of the pipeline::
+memory, 3 episodes x 120 frames per run), so only recording is timed, and prints CPU per frame: by thread
+(``/proc/self/task``, sampled, so threads that end mid-run count: the event loop, each camera's lane, the
+codecs' own threads, zarr's I/O thread, the env worker) and by function (the calling thread's CPU of the
+encoder, staging and commit calls)::
 
-    py-spy record --format raw --rate 200 --threads --nonblocking -o /tmp/rec.txt -- \\
-        .venv/bin/python tools/profile_recorder.py --codec h264
-    .venv/bin/python tools/profile_recorder.py --summarize /tmp/rec.txt --frames 720
+    .venv/bin/python tools/profile_recorder.py --codec h264
 
-py-spy is a profiling tool, not a dependency: ``pip install py-spy`` where you profile.
+For a flame graph of the same run, use py-spy (a profiling tool, not a dependency of demoforge)::
+
+    pip install py-spy
+    py-spy record --threads --nonblocking -o recorder.svg -- .venv/bin/python tools/profile_recorder.py
 """
 
 from __future__ import annotations
@@ -24,47 +27,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-# A sample's part of the pipeline, by the first matching frame (innermost first).
-PARTS: list[tuple[str, tuple[str, ...]]] = [
-    ("encode: codec (PyAV encode/mux)", ("encode (av/", "mux (av/", "_send_frame_and_recv", "from_ndarray",
-                                         "av/video/frame", "av/container", "av/codec")),
-    ("encode: open/close encoders", ("CameraEncoder.__init__", "__init__ (demoforge/stages/encode.py",
-                                     "finish (demoforge/stages/encode.py", "abort (demoforge/stages/encode.py")),
-    ("write: staging chunks (zarr)", ("flush_full", "flush_all", "flush (demoforge/storage/staging.py")),
-    ("write: open attempt (catalog row, zarr arrays)", ("open_attempt", "open_episode", "EpisodeWriter")),
-    ("write: buffer rows and bytes", ("add_frame", "add_video", "content_hash")),
-    ("commit: fsync + catalog", ("make_durable", "commit (demoforge/storage/catalog", "commit_stage")),
-    ("step: executor + env", ("executor.py", "bench_pipeline.py")),
-    ("stream sends / thread hand-offs", ("from_thread", "to_thread", "run_sync", "send (anyio", "receive (anyio",
-                                          "_map_cameras", "memory.py")),
-    ("event loop", ("asyncio/", "base_events", "selector")),
-]
-
-
-def summarize(path: Path, frames: int) -> None:
-    """Sum py-spy's raw samples per part (active samples only: py-spy --nonblocking without --idle)."""
-    counts: collections.Counter[str] = collections.Counter()
-    total = 0
-    for line in path.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        if not stack:
-            continue
-        count = int(n)
-        total += count
-        frames_ = stack.split(";")[::-1]  # innermost first
-        part = "other"
-        for frame in frames_:
-            hit = next((name for name, keys in PARTS if any(k in frame for k in keys)), None)
-            if hit is not None:
-                part = hit
-                break
-        counts[part] += count
-    rate = float(os.environ.get("PYSPY_RATE", "200"))
-    print(f"{total} samples at {rate:g}/s = {total / rate:.2f} s of thread time; per frame ({frames} frames):")
-    for name, n in counts.most_common():
-        print(f"  {name:<48} {100 * n / total:5.1f}%  {1000 * n / rate / frames:6.2f} ms/frame")
-
 
 # (label, module, attribute path): functions whose own thread's CPU time is summed per call.
 TIMED: list[tuple[str, str, str]] = [
@@ -112,7 +74,7 @@ class ThreadCPU:
     """Samples every thread's CPU time (``/proc/self/task``) so threads that end mid-run still count; Python
     threads are named by ``threading``, the others are the codecs' own (libx264 slices, SVT-AV1 workers)."""
 
-    def __init__(self, period_s: float = 0.02) -> None:
+    def __init__(self, period_s: float = 0.05) -> None:
         self.period_s = period_s
         self.seen: dict[int, tuple[str, float]] = {}
         self._stop = threading.Event()
@@ -162,13 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=3, help="episodes per run (default 3)")
     p.add_argument("--frames", type=int, default=120, help="frames per episode (default 120)")
     p.add_argument("--runs", type=int, default=2, help="runs, each on a fresh store (default 2)")
-    p.add_argument("--summarize", type=Path, help="summarise a py-spy raw profile of earlier runs instead of running")
-    p.add_argument("--total-frames", type=int, default=720, help="with --summarize: frames those runs recorded "
-                   "(default 720)")
     args = p.parse_args(argv)
-    if args.summarize:
-        summarize(args.summarize, args.total_frames)
-        return 0
     import bench_pipeline as bench
     from demoforge.pipeline.job import VideoSettings
 
@@ -177,21 +133,22 @@ def main(argv: list[str] | None = None) -> int:
     bench.quiet_ffmpeg()
     bench._POOL[:] = bench.make_pool(48, 480, 640, 2)
     table = instrument()
-    loop_cpu = process_cpu = 0.0
+    process_cpu = 0.0
     frames = 0
     with tempfile.TemporaryDirectory(prefix="profile-recorder-") as tmp, ThreadCPU() as threads:
         for run in range(args.runs):
-            c0, m0 = time.process_time(), time.thread_time()
+            c0 = time.process_time()
             r = bench.bench_demoforge_recorder(args.episodes, args.frames, settings, Path(tmp) / f"s{run}")
-            cpu, main_cpu = time.process_time() - c0, time.thread_time() - m0
-            process_cpu, loop_cpu, frames = process_cpu + cpu, loop_cpu + main_cpu, frames + r["frames"]
+            cpu = time.process_time() - c0
+            process_cpu, frames = process_cpu + cpu, frames + r["frames"]
             print(f"run {run + 1}: {r['fps']:.1f} frames/s, {1000 * cpu / r['frames']:.2f} ms CPU/frame, "
                   f"load {bench.load()}", flush=True)
+    by_thread = threads.by_name()
+    own = by_thread.pop("profile-sampler", 0.0)
     print(f"\nCPU per frame over {frames} frames ({args.codec}, {args.runs} runs), process total "
-          f"{1000 * process_cpu / frames:.2f} ms:")
-    print(f"  {'event-loop thread (all stages\' async code, sends, hand-offs)':<62} {1000 * loop_cpu / frames:6.2f} ms")
-    print("  by thread (sampled every 20 ms, 10 ms clock ticks):")
-    for name, seconds in threads.by_name().items():
+          f"{1000 * (process_cpu - own) / frames:.2f} ms (without this tool's sampler):")
+    print("  by thread (sampled every 50 ms, in 10 ms clock ticks):")
+    for name, seconds in by_thread.items():
         print(f"    {name:<60} {1000 * seconds / frames:6.2f} ms")
     print("  by function (CPU of the calling thread only; zarr does its I/O in its zarr_io thread):")
     for label, (seconds, calls) in table.items():
