@@ -33,12 +33,14 @@ TIMED: list[tuple[str, str, str]] = [
     ("encode: CameraEncoder.encode (calling thread)", "demoforge.stages.encode", "CameraEncoder.encode"),
     ("encode: open encoders", "demoforge.stages.encode", "CameraEncoder.__init__"),
     ("encode: CameraEncoder.finish", "demoforge.stages.encode", "CameraEncoder.finish"),
-    ("write: open attempt (zarr arrays)", "demoforge.storage.staging", "StagingStore.open_episode"),
+    ("write: open attempt (zarr arrays), before issue 16", "demoforge.storage.staging", "StagingStore.open_episode"),
+    ("write: create the attempt's arrays", "demoforge.storage.staging", "EpisodeWriter.create"),
+    ("write: chunk writes", "demoforge.storage.staging", "EpisodeWriter.write"),
     ("write: catalog begin_attempt", "demoforge.storage.catalog", "Catalog.begin_attempt"),
     ("write: buffer frame rows", "demoforge.storage.staging", "EpisodeWriter.add_frame"),
     ("write: buffer video bytes", "demoforge.storage.staging", "EpisodeWriter.add_video"),
-    ("write: whole chunks to zarr", "demoforge.storage.staging", "EpisodeWriter.flush_full"),
-    ("write: tail chunks to zarr", "demoforge.storage.staging", "EpisodeWriter.flush_all"),
+    ("write: whole chunks to zarr, before issue 16", "demoforge.storage.staging", "EpisodeWriter.flush_full"),
+    ("write: tail chunks to zarr, before issue 16", "demoforge.storage.staging", "EpisodeWriter.flush_all"),
     ("commit: fsync episode", "demoforge.storage.staging", "StagingStore.make_durable"),
     ("commit: catalog commit", "demoforge.storage.catalog", "Catalog.commit"),
     ("job: open store", "demoforge.storage.store", "JobStore.open"),
@@ -54,7 +56,9 @@ def instrument() -> dict[str, list[float]]:
     for label, module, attr in TIMED:
         owner_name, name = attr.split(".")
         owner = getattr(importlib.import_module(module), owner_name)
-        fn = getattr(owner, name)
+        fn = getattr(owner, name, None)
+        if fn is None:  # a function this version does not have
+            continue
         cell = table.setdefault(label, [0.0, 0])
 
         def wrapped(*a, _fn=fn, _cell=cell, **k):
@@ -96,6 +100,7 @@ class ThreadCPU:
             cpu = (int(fields[11]) + int(fields[12])) / self._tick
             name = names.get(tid, self.seen.get(tid, ("codec threads (native)", 0.0))[0])
             name = "AnyIO worker threads" if name.startswith("AnyIO worker") else name
+            name = "fsync pool" if name.startswith("fsync_") else name
             self.seen[tid] = (name, cpu)
 
     def __enter__(self) -> ThreadCPU:
@@ -152,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    {name:<60} {1000 * seconds / frames:6.2f} ms")
     print("  by function (CPU of the calling thread only; zarr does its I/O in its zarr_io thread):")
     for label, (seconds, calls) in table.items():
+        if not calls:
+            continue
         print(f"  {label:<62} {1000 * seconds / frames:6.2f} ms  ({int(calls)} calls)")
     return 0
 
