@@ -10,6 +10,7 @@ chunk per array). Records leave the stage in the order they came.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,15 @@ class _IoJob:
     result: Callable[[], Record | StagedAttempt] | None = None
 
 
+def _staged(writer: EpisodeWriter, ended: AttemptEnded) -> StagedAttempt:
+    """A committable attempt after its last write: its sizes and digest."""
+    return StagedAttempt(ended, writer.video_bytes(), writer.content_hash())
+
+
+def _same(record: Record) -> Record:
+    return record
+
+
 async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[Record | StagedAttempt],
                       *, staging: StagingStore, catalog: Catalog, delay_s: float = 0.0,
                       busy: dict[str, float] | None = None, io_queue: int = DEFAULT_IO_QUEUE) -> None:
@@ -70,7 +80,7 @@ async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryOb
                         full |= writer.add_video(camera, data)
                     if full:
                         writes = writer.take_full()
-                        await jobs_send.send(_IoJob(lambda w=writer, c=writes: w.write(c)))
+                        await jobs_send.send(_IoJob(functools.partial(writer.write, writes)))
                     if delay_s:
                         await anyio.sleep(delay_s)
                 elif isinstance(record, VideoTail):
@@ -84,13 +94,12 @@ async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryOb
                             raise RuntimeError(f"{record.key.episode_id}: write stage saw {writer.frames} frames, "
                                                f"the executor emitted {record.frames}")
                         last = writer.take_all()
-                        await jobs_send.send(_IoJob(
-                            lambda w=writer, c=last: w.write(c),
-                            lambda w=writer, r=record: StagedAttempt(r, w.video_bytes(), w.content_hash())))
+                        await jobs_send.send(_IoJob(functools.partial(writer.write, last),
+                                                    functools.partial(_staged, writer, record)))
                     else:
-                        await jobs_send.send(_IoJob(result=lambda r=record: StagedAttempt(r, {}, None)))
+                        await jobs_send.send(_IoJob(result=functools.partial(StagedAttempt, record, {}, None)))
                 else:
-                    await jobs_send.send(_IoJob(result=lambda r=record: r))
+                    await jobs_send.send(_IoJob(result=functools.partial(_same, record)))
 
     async def run_io(stage: anyio.CancelScope) -> None:
         """Run jobs in order; leaves jobs_recv open on failure (the intake is cancelled, not broken)."""
