@@ -21,7 +21,7 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectSendStream
 
 from demoforge.pipeline.faults import stage_delays
 from demoforge.pipeline.job import JobSpec
@@ -196,7 +196,7 @@ class JobRunner:
                                 num_envs=spec.num_envs, job_seed=spec.seed, max_attempts=spec.max_attempts,
                                 assignments=assign_recv.clone(), send=step_send.clone(), stop=self._stop,
                                 delay_s=delays.get("step", 0.0), busy=stats.busy, step_timeout_s=spec.step_timeout_s,
-                                cameras=info.cameras))
+                                cameras=info.cameras, send_batch=max(1, q // 4)))
                     tg.start_soon(lambda: encode_stage(step_recv, enc_send, cameras=info.cameras, fps=info.fps,
                                                        settings=spec.video, delay_s=delays.get("encode", 0.0),
                                                        busy=stats.busy))

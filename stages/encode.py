@@ -2,13 +2,14 @@
 
 The bytes flow on to the write stage; nothing is re-encoded later (export remuxes them). Every attempt has
 its own encoders, keyed by attempt, so a discarded attempt's video is dropped with it and can never leak
-into another episode. Encoding runs in worker threads (PyAV releases the GIL), one per camera.
+into another episode. Each camera is encoded by its own long-lived thread (PyAV releases the GIL while it
+encodes), fed through a bounded queue: see stages/encode_lanes.py.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping
+import functools
+from dataclasses import dataclass
 
 import anyio
 import av
@@ -17,10 +18,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from demoforge.pipeline.job import VideoSettings
 from demoforge.pipeline.malloc import make_uninitialized_reads_deterministic
-from demoforge.pipeline.records import AttemptEnded, AttemptKey, EncodedFrame, Frame, Record, VideoTail
+from demoforge.pipeline.records import AttemptEnded, EncodedFrame, Frame, Record, VideoTail
 from demoforge.pipeline.tasks.registry import CameraSpec
 from demoforge.storage import depth as depth_video
 from demoforge.storage.schema import DepthVideoIdentity
+from demoforge.stages.encode_lanes import LaneSet
+
+#: Records the encode stage takes in ahead of what it sent on: how far one camera may run ahead of another.
+DEFAULT_LOOKAHEAD = 16
 
 # Fragmented MP4 is written front to back, so it streams into an append-only store without seeking.
 FMP4_FLAGS = "frag_keyframe+empty_moov+default_base_moof"
@@ -137,60 +142,79 @@ def make_encoder(camera: CameraSpec, fps: int, settings: VideoSettings,
     return DepthEncoder(camera, fps, depth) if camera.is_depth else CameraEncoder(camera, fps, settings)
 
 
-async def _map_cameras(fn, items: Mapping[str, object]) -> dict[str, bytes]:
-    """Run ``fn(camera, item)`` for every camera concurrently in threads."""
-    out: dict[str, bytes] = {}
-    if len(items) == 1:
-        (name, item), = items.items()
-        out[name] = await anyio.to_thread.run_sync(fn, name, item)
-        return out
 
-    async def one(name: str, item: object) -> None:
-        out[name] = await anyio.to_thread.run_sync(fn, name, item)
 
-    async with anyio.create_task_group() as tg:
-        for name, item in items.items():
-            tg.start_soon(one, name, item)
-    return out
+@dataclass(frozen=True, eq=False)
+class _FrameSlot:
+    """A frame whose images went to the lanes: what its EncodedFrame needs besides the video."""
+
+    record: Frame
 
 
 async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[Record], *,
                        cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings,
-                       delay_s: float = 0.0, busy: dict[str, float] | None = None) -> None:
-    """Replace each frame's images by encoded bytes; flush or drop the encoders when an attempt ends."""
+                       delay_s: float = 0.0, busy: dict[str, float] | None = None,
+                       lookahead: int = DEFAULT_LOOKAHEAD) -> None:
+    """Replace each frame's images by encoded bytes; flush or drop the encoders when an attempt ends.
+
+    Each camera is encoded by its own lane thread (stages/encode_lanes.py), so cameras never wait for each
+    other and frames reach the encoders without a thread hop each. Records leave in the order they came.
+    At most ``lookahead`` (>= 2) records are taken in and not yet sent on, so a slow consumer stops the
+    stage from reading: backpressure and bounded memory as before.
+    """
+    if lookahead < 2:
+        raise ValueError(f"lookahead must be at least 2 records, got {lookahead}")
     busy = busy if busy is not None else {}
     specs = {c.name: c for c in cameras}
-    encoders: dict[AttemptKey, dict[str, CameraEncoder]] = {}
-    try:
-        async with receive, send:
+    lanes = LaneSet({name: functools.partial(make_encoder, spec, fps, settings) for name, spec in specs.items()})
+    slots_send, slots_recv = anyio.create_memory_object_stream[Record | _FrameSlot](lookahead - 2)
+
+    async def feed() -> None:
+        async with slots_send:
             async for record in receive:
                 if isinstance(record, Frame):
                     if set(record.images) != set(specs):
                         raise EncoderError(f"frame {record.step} of {record.key.episode_id} has cameras "
                                            f"{sorted(record.images)}; the job declares {sorted(specs)}")
-                    if record.key not in encoders:
-                        encoders[record.key] = await anyio.to_thread.run_sync(
-                            lambda: {n: make_encoder(s, fps, settings) for n, s in specs.items()})
-                    mine = encoders[record.key]
-                    mark = time.perf_counter()
-                    video = await _map_cameras(lambda n, img: mine[n].encode(img), record.images)
-                    busy["encode"] = busy.get("encode", 0.0) + time.perf_counter() - mark
+                    lanes.submit_frame(record.key, record.images)
+                    await slots_send.send(_FrameSlot(record))
+                else:
+                    if isinstance(record, AttemptEnded):
+                        lanes.submit_end(record.key, keep=record.result.committable)
+                    await slots_send.send(record)
+
+    async def emit(stage: anyio.CancelScope) -> None:
+        """Send results on in order; leaves slots_recv open on failure (the feeder is cancelled, not broken)."""
+        try:
+            async for slot in slots_recv:
+                if isinstance(slot, _FrameSlot):
+                    r = slot.record
+                    video = await lanes.next_result()
                     if delay_s:
                         await anyio.sleep(delay_s)
-                    await send.send(EncodedFrame(record.key, record.step, record.state, record.action,
-                                                 record.reward, record.annotations, video))
-                elif isinstance(record, AttemptEnded):
-                    mine = encoders.pop(record.key, {})
-                    if record.result.committable:
-                        tail = await _map_cameras(lambda n, enc: enc.finish(), mine)
-                        await send.send(VideoTail(record.key, tail))
-                    else:
-                        for enc in mine.values():
-                            enc.abort()
-                    await send.send(record)
+                    await send.send(EncodedFrame(r.key, r.step, r.state, r.action, r.reward, r.annotations,
+                                                 {name: data or b"" for name, data in video.items()}))
+                elif isinstance(slot, AttemptEnded):
+                    tail = await lanes.next_result()
+                    if slot.result.committable:
+                        await send.send(VideoTail(slot.key, {n: d for n, d in tail.items() if d is not None}))
+                    await send.send(slot)
                 else:
-                    await send.send(record)
+                    await send.send(slot)
+                for name, seconds in lanes.busy_seconds().items():
+                    busy[f"encode:{name}"] = seconds
+        except anyio.BrokenResourceError:
+            stage.cancel()  # the next stage is gone: it failed or was cancelled, and reports why itself
+
+    try:
+        async with receive, send, slots_recv:
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(feed)
+                    tg.start_soon(emit, tg.cancel_scope)
+            except BaseExceptionGroup as group:  # the stage fails with its own error, as one exception
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from group.exceptions[0].__cause__
+                raise
     finally:
-        for mine in encoders.values():
-            for enc in mine.values():
-                enc.abort()
+        await lanes.close()

@@ -64,6 +64,7 @@ class _Worker:
     finished: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     active: dict[AttemptKey, list[int]] = field(default_factory=dict)  # key -> [seed, row, frames]
+    pending: list[Record] = field(default_factory=list)  # produced, not yet sent (a batch being filled)
 
     def idle(self) -> None:
         """Leave env code; unwinds the thread if the watchdog gave up on it meanwhile."""
@@ -88,12 +89,14 @@ class _StreamWork:
     """The executor's work source: episodes taken over from a hung worker first, then the plan stream."""
 
     def __init__(self, receive: MemoryObjectReceiveStream[EpisodeAssignment], stop: threading.Event,
-                 worker: _Worker, token: object, carry: list[EpisodeAssignment]) -> None:
+                 worker: _Worker, token: object, carry: list[EpisodeAssignment],
+                 before_wait: Callable[[], None] = lambda: None) -> None:
         self.receive = receive
         self.stop = stop
         self.worker = worker
         self.token = token
         self.carry = carry
+        self.before_wait = before_wait
 
     def next_episode(self, wait: bool = True) -> EpisodeAssignment | None | Pending:
         if self.carry:
@@ -103,6 +106,7 @@ class _StreamWork:
         self.worker.idle()
         try:
             if wait:
+                self.before_wait()  # records produced so far go downstream before this worker blocks
                 return anyio.from_thread.run(self.receive.receive, token=self.token)
             return anyio.from_thread.run_sync(self.receive.receive_nowait, token=self.token)
         except anyio.WouldBlock:
@@ -117,32 +121,60 @@ async def step_stage(worker: int, make_row_env: Callable[[], gym.Env], *, task: 
                      job_seed: int, max_attempts: int, assignments: MemoryObjectReceiveStream[EpisodeAssignment],
                      send: MemoryObjectSendStream[Record], stop: threading.Event, delay_s: float = 0.0,
                      busy: dict[str, float] | None = None, step_timeout_s: float | None = None,
-                     cameras: tuple[CameraSpec, ...] | None = None) -> None:
+                     cameras: tuple[CameraSpec, ...] | None = None, send_batch: int = 1,
+                     send_wait_s: float = 0.005) -> None:
     """Run one env worker until the plan runs dry or ``stop`` is set; in-flight attempts end interrupted.
+
+    Records go downstream in batches of up to ``send_batch``, one hand-off to the event loop per batch: a
+    record waits at most ``send_wait_s`` (or the next step, whichever is later) for its batch to fill, and
+    a worker sends what it has before it waits for work. A fast env then costs one hand-off per batch
+    instead of one per record (each a round trip through the event loop, slow on a busy machine), while a
+    slow env still sends each record as it comes. The env runs at most ``send_batch - 1`` records ahead
+    of a full stream.
 
     ``busy["step:<worker>"]`` accumulates the time spent producing records (not waiting downstream)."""
     token = anyio.lowlevel.current_token()
     busy_key = f"step:{worker}"
     carry: list[EpisodeAssignment] = []
+    send_batch = max(1, send_batch)
+
+    async def send_all(records: list[Record]) -> None:
+        for record in records:
+            await send.send(record)
 
     def work(state: _Worker, carried: list[EpisodeAssignment]) -> None:
         env = None
+        first_at = 0.0
+
+        def flush() -> None:
+            if state.pending:
+                batch = list(state.pending)
+                anyio.from_thread.run(send_all, batch, token=token)
+                del state.pending[:len(batch)]
+
         try:
             state.busy()
             env = build_env(make_row_env, num_envs)
             executor = Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts,
                                 interrupt=lambda: stop.is_set() or state.abandoned, worker=worker,
                                 cameras=cameras)
-            for record in executor.run(_StreamWork(assignments, stop, state, token, carried)):
+            for record in executor.run(_StreamWork(assignments, stop, state, token, carried, before_wait=flush)):
                 started = state.busy_since
                 state.idle()
+                now = time.monotonic()
                 if busy is not None and started is not None:
-                    busy[busy_key] = busy.get(busy_key, 0.0) + time.monotonic() - started
+                    busy[busy_key] = busy.get(busy_key, 0.0) + now - started
                 state.track(record)
-                anyio.from_thread.run(send.send, record, token=token)
+                state.pending.append(record)
+                if len(state.pending) == 1:
+                    first_at = now
+                if len(state.pending) >= send_batch or now - first_at >= send_wait_s or delay_s:
+                    flush()
                 if delay_s:
                     stop.wait(delay_s)
                 state.busy()
+            state.idle()
+            flush()
         except _Abandoned:
             return
         except BaseException as exc:  # reported to the event loop, which re-raises it there
@@ -176,6 +208,11 @@ async def step_stage(worker: int, make_row_env: Callable[[], gym.Env], *, task: 
             # The env hung: end its attempts as errors and hand their episodes to a fresh worker, with the
             # episodes it had taken over and not started yet.
             carry = list(carried)
+            # Records the hung worker produced but had not sent yet go first (it can no longer send them:
+            # an abandoned worker stops at its next idle(), before it touches its batch again).
+            for record in list(state.pending):
+                await send.send(record)
+            state.pending.clear()
             for key, (seed, row, frames) in sorted(state.active.items()):
                 error = StepTimeoutError(f"the env did not return within {step_timeout_s:g} s; attempt aborted and "
                                          "the worker replaced", task=task)

@@ -1,9 +1,19 @@
 """Write stage: appends each attempt's numbers and encoded bytes to its Zarr staging group, whole chunks
-at a time, and opens the attempt's catalog row before any of its data is written."""
+at a time, and opens the attempt's catalog row before any of its data is written.
+
+Buffering happens as records arrive; the blocking I/O (catalog row and arrays of a new attempt, whole
+chunks, an attempt's last chunks) runs in one I/O task, in issue order, fed through a bounded queue of
+``io_queue`` jobs. So a slow disk or a slow array creation delays only that task, not the stage's intake,
+until the queue is full (backpressure as before; memory bounded by the queue: each job holds at most one
+chunk per array). Records leave the stage in the order they came.
+"""
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -20,49 +30,96 @@ from demoforge.pipeline.records import (
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.staging import EpisodeWriter, StagingStore
 
+#: Pending I/O jobs (attempt openings, chunk writes, attempt ends) before the stage stops taking records.
+DEFAULT_IO_QUEUE = 8
+
+
+@dataclass(frozen=True, eq=False)
+class _IoJob:
+    """Run ``work`` in a worker thread (if any), then send what ``result`` returns (if anything) downstream."""
+
+    work: Callable[[], object] | None = None
+    result: Callable[[], Record | StagedAttempt] | None = None
+
+
+def _staged(writer: EpisodeWriter, ended: AttemptEnded) -> StagedAttempt:
+    """A committable attempt after its last write: its sizes and digest."""
+    return StagedAttempt(ended, writer.video_bytes(), writer.content_hash())
+
+
+def _same(record: Record) -> Record:
+    return record
+
 
 async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[Record | StagedAttempt],
                       *, staging: StagingStore, catalog: Catalog, delay_s: float = 0.0,
-                      busy: dict[str, float] | None = None) -> None:
+                      busy: dict[str, float] | None = None, io_queue: int = DEFAULT_IO_QUEUE) -> None:
     busy = busy if busy is not None else {}
     writers: dict[AttemptKey, EpisodeWriter] = {}
-    async with receive, send:
-        async for record in receive:
-            if isinstance(record, AttemptStarted):
-                key = record.key
+    jobs_send, jobs_recv = anyio.create_memory_object_stream[_IoJob](max(0, io_queue - 1))
 
-                def open_attempt(key: AttemptKey = key, rec: AttemptStarted = record) -> EpisodeWriter:
-                    catalog.begin_attempt(key.episode_index, key.attempt, key.episode_id, rec.seed, rec.row,
-                                          rec.worker)
-                    return staging.open_episode(key.episode_id)
+    async def intake() -> None:
+        async with jobs_send:
+            async for record in receive:
+                if isinstance(record, AttemptStarted):
+                    key = record.key
+                    writer = writers[key] = staging.prepare_episode(key.episode_id)
 
-                writers[key] = await anyio.to_thread.run_sync(open_attempt)
-            elif isinstance(record, EncodedFrame):
-                writer = writers[record.key]
-                full = writer.add_frame(record.state, record.action, record.reward, record.annotations.as_tuple())
-                for camera, data in record.video.items():
-                    full |= writer.add_video(camera, data)
-                if full:
-                    mark = time.perf_counter()
-                    await anyio.to_thread.run_sync(writer.flush_full)
-                    busy["write"] = busy.get("write", 0.0) + time.perf_counter() - mark
-                if delay_s:
-                    await anyio.sleep(delay_s)
-            elif isinstance(record, VideoTail):
-                writer = writers[record.key]
-                for camera, data in record.video.items():
-                    writer.add_video(camera, data)
-            elif isinstance(record, AttemptEnded):
-                writer = writers.pop(record.key)
-                if record.result.committable:
-                    if writer.frames != record.frames:
-                        raise RuntimeError(f"{record.key.episode_id}: write stage saw {writer.frames} frames, the "
-                                           f"executor emitted {record.frames}")
-                    mark = time.perf_counter()
-                    sizes = await anyio.to_thread.run_sync(writer.flush_all)
-                    busy["write"] = busy.get("write", 0.0) + time.perf_counter() - mark
-                    await send.send(StagedAttempt(record, sizes, writer.content_hash()))
+                    def open_attempt(key: AttemptKey = key, rec: AttemptStarted = record,
+                                     writer: EpisodeWriter = writer) -> None:
+                        catalog.begin_attempt(key.episode_index, key.attempt, key.episode_id, rec.seed, rec.row,
+                                              rec.worker)
+                        writer.create()
+
+                    await jobs_send.send(_IoJob(open_attempt))
+                elif isinstance(record, EncodedFrame):
+                    writer = writers[record.key]
+                    full = writer.add_frame(record.state, record.action, record.reward,
+                                            record.annotations.as_tuple())
+                    for camera, data in record.video.items():
+                        full |= writer.add_video(camera, data)
+                    if full:
+                        writes = writer.take_full()
+                        await jobs_send.send(_IoJob(functools.partial(writer.write, writes)))
+                    if delay_s:
+                        await anyio.sleep(delay_s)
+                elif isinstance(record, VideoTail):
+                    writer = writers[record.key]
+                    for camera, data in record.video.items():
+                        writer.add_video(camera, data)
+                elif isinstance(record, AttemptEnded):
+                    writer = writers.pop(record.key)
+                    if record.result.committable:
+                        if writer.frames != record.frames:
+                            raise RuntimeError(f"{record.key.episode_id}: write stage saw {writer.frames} frames, "
+                                               f"the executor emitted {record.frames}")
+                        last = writer.take_all()
+                        await jobs_send.send(_IoJob(functools.partial(writer.write, last),
+                                                    functools.partial(_staged, writer, record)))
+                    else:
+                        await jobs_send.send(_IoJob(result=functools.partial(StagedAttempt, record, {}, None)))
                 else:
-                    await send.send(StagedAttempt(record, {}, None))
-            else:
-                await send.send(record)
+                    await jobs_send.send(_IoJob(result=functools.partial(_same, record)))
+
+    async def run_io(stage: anyio.CancelScope) -> None:
+        """Run jobs in order; leaves jobs_recv open on failure (the intake is cancelled, not broken)."""
+        try:
+            async for job in jobs_recv:
+                if job.work is not None:
+                    mark = time.perf_counter()
+                    await anyio.to_thread.run_sync(job.work)
+                    busy["write"] = busy.get("write", 0.0) + time.perf_counter() - mark
+                if job.result is not None:
+                    await send.send(job.result())
+        except anyio.BrokenResourceError:
+            stage.cancel()  # the commit stage is gone: it failed or was cancelled, and reports why itself
+
+    async with receive, send, jobs_recv:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(intake)
+                tg.start_soon(run_io, tg.cancel_scope)
+        except BaseExceptionGroup as group:  # the stage fails with its own error, as one exception
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from group.exceptions[0].__cause__
+            raise

@@ -121,14 +121,15 @@ def _numeric_codecs() -> dict:
 
 
 class _ChunkBuffer:
-    """Accumulates rows and writes them to a Zarr array one whole shard at a time."""
+    """Accumulates rows in memory and hands them out one whole chunk at a time for writing."""
 
-    def __init__(self, array: zarr.Array, chunk_rows: int, row_shape: tuple[int, ...], dtype: np.dtype) -> None:
-        self.array = array
+    def __init__(self, name: str, chunk_rows: int, row_shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.name = name
+        self.array: zarr.Array | None = None  # set by EpisodeWriter.create()
         self.chunk = chunk_rows
         self.buf = np.zeros((chunk_rows, *row_shape), dtype=dtype)
         self.fill = 0
-        self.written = 0  # rows already on disk
+        self.written = 0  # rows handed out for writing (on disk once their write ran)
         self.hash = hashlib.blake2b(digest_size=16)
 
     def add(self, row: np.ndarray) -> bool:
@@ -137,73 +138,127 @@ class _ChunkBuffer:
         self.fill += 1
         return self.fill == self.chunk
 
-    def flush(self) -> None:
-        if self.fill:
-            self.array[self.written:self.written + self.fill] = self.buf[:self.fill]
-            self.hash.update(self.buf[:self.fill].tobytes())
-            self.written += self.fill
-            self.fill = 0
+    def take(self) -> _Part | None:
+        """Detach the buffered rows (a copy) as the next part to write."""
+        if not self.fill:
+            return None
+        part = _Part(self, self.written, self.buf[:self.fill].copy())
+        self.written += self.fill
+        self.fill = 0
+        return part
+
+    def write(self, start: int, data: np.ndarray) -> None:
+        assert self.array is not None, "EpisodeWriter.create() must run before any write"
+        self.array[start:start + len(data)] = data
+        self.hash.update(data.tobytes())
 
 
 class _ByteStream:
-    """An append-only byte stream stored as a 1-D uint8 array in whole shards."""
+    """An append-only byte stream stored as a 1-D uint8 array in whole chunks."""
 
-    def __init__(self, array: zarr.Array, shard_bytes: int) -> None:
-        self.array = array
+    def __init__(self, name: str, shard_bytes: int) -> None:
+        self.name = name
         self.shard = shard_bytes
+        self.array: zarr.Array | None = None  # set by EpisodeWriter.create()
         self.pending = bytearray()
-        self.written = 0
+        self.written = 0  # bytes handed out for writing
         self.hash = hashlib.blake2b(digest_size=16)
 
     def add(self, data: bytes) -> bool:
         self.pending += data
         return len(self.pending) >= self.shard
 
-    def flush(self, final: bool) -> None:
+    def take(self, final: bool) -> _Part | None:
+        """Detach whole shards (every pending byte when ``final``) as the next part to write."""
         whole = len(self.pending) if final else len(self.pending) // self.shard * self.shard
-        if whole:
-            data = np.frombuffer(bytes(self.pending[:whole]), dtype=np.uint8)
-            self.array[self.written:self.written + whole] = data
-            self.hash.update(data.tobytes())
-            self.written += whole
-            del self.pending[:whole]
+        if not whole:
+            return None
+        part = _Part(self, self.written, np.frombuffer(bytes(self.pending[:whole]), dtype=np.uint8))
+        self.written += whole
+        del self.pending[:whole]
+        return part
+
+    def write(self, start: int, data: np.ndarray) -> None:
+        assert self.array is not None, "EpisodeWriter.create() must run before any write"
+        self.array[start:start + len(data)] = data
+        self.hash.update(data.tobytes())
+
+
+@dataclass(frozen=True, eq=False)
+class _Part:
+    """Rows or bytes detached from a buffer, to be written at ``start`` of its array."""
+
+    target: _ChunkBuffer | _ByteStream
+    start: int
+    data: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkWrites:
+    """Whole chunks detached from an :class:`EpisodeWriter`'s buffers; :meth:`EpisodeWriter.write` writes
+    them. Parts of one writer must be written in the order they were taken (each array's digest is a running
+    hash of its data)."""
+
+    parts: tuple[_Part, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.parts)
 
 
 class EpisodeWriter:
-    """Stages one attempt. Not thread-safe: one stage owns it; chunk writes may run in a worker thread."""
+    """Stages one attempt. Not thread-safe: one stage owns it.
+
+    Two halves, so I/O never holds up buffering: :meth:`add_frame` / :meth:`add_video` / :meth:`take_full` /
+    :meth:`take_all` only touch memory, while :meth:`create` (the arrays) and :meth:`write` (detached
+    chunks) do the blocking I/O and may run in one worker thread, in the order they were issued.
+    """
 
     def __init__(self, root: zarr.Group, path: Path, episode_id: str, layout: EpisodeLayout) -> None:
         self.path = path
         self.episode_id = episode_id
         self.layout = layout
-        group = root.create_group(f"{EPISODES_DIR}/{episode_id}", attributes={FORMAT_ATTRIBUTE: STAGING_FORMAT})
-        c = layout.chunk_frames
-        shard = c * SHARD_CHUNKS
+        self._root = root
+        shard = layout.chunk_frames * SHARD_CHUNKS  # buffers hold a whole shard: every write is a whole shard
         self._numeric: dict[str, _ChunkBuffer] = {}
+        self._shapes: dict[str, tuple[tuple[int, ...], str]] = {}
 
         def numeric(name: str, shape: tuple[int, ...], dtype: str) -> None:
-            arr = group.create_array(array_path(name, STAGING_FORMAT), shape=(MAX_FRAMES, *shape),
-                                     chunks=(c, *shape), shards=(shard, *shape), dtype=dtype, fill_value=0,
-                                     config=_WRITE_EVERY_CHUNK, **_numeric_codecs())
-            self._numeric[name] = _ChunkBuffer(arr, shard, shape, np.dtype(dtype))
+            self._numeric[name] = _ChunkBuffer(name, shard, shape, np.dtype(dtype))
+            self._shapes[name] = (shape, dtype)
 
         for feature, shape in layout.state_shapes.items():
             numeric(f"state/{feature}", tuple(shape), "float32")
         numeric("action", tuple(layout.action_shape), "float32")
         numeric("reward", (), "float32")
         numeric("annotations", (len(ANNOTATION_KEYS),), "int32")
-        self._video: dict[str, _ByteStream] = {}
-        for camera in layout.camera_names:
-            arr = group.create_array(array_path(f"video/{camera}", STAGING_FORMAT), shape=(MAX_VIDEO_BYTES,),
-                                     chunks=(VIDEO_CHUNK_BYTES,), shards=(VIDEO_SHARD_BYTES,), dtype="uint8",
-                                     fill_value=0, compressors=[Crc32cCodec()], serializer=BytesCodec(),
-                                     config=_WRITE_EVERY_CHUNK)
-            self._video[camera] = _ByteStream(arr, VIDEO_SHARD_BYTES)
+        self._video: dict[str, _ByteStream] = {camera: _ByteStream(f"video/{camera}", VIDEO_SHARD_BYTES)
+                                               for camera in layout.camera_names}
         self.frames = 0
+        self.created = False
+
+    def create(self) -> None:
+        """Create the attempt's arrays (blocking I/O); before any :meth:`write`."""
+        if self.path.exists():
+            raise FileExistsError(f"staged data for {self.episode_id} already exists at {self.path}")
+        with writing(f"the staging folder of episode {self.episode_id}", self.path):
+            group = self._root.create_group(f"{EPISODES_DIR}/{self.episode_id}",
+                                            attributes={FORMAT_ATTRIBUTE: STAGING_FORMAT})
+            c = self.layout.chunk_frames
+            for name, buf in self._numeric.items():
+                shape, dtype = self._shapes[name]
+                buf.array = group.create_array(array_path(name, STAGING_FORMAT), shape=(MAX_FRAMES, *shape),
+                                               chunks=(c, *shape), shards=(buf.chunk, *shape), dtype=dtype,
+                                               fill_value=0, config=_WRITE_EVERY_CHUNK, **_numeric_codecs())
+            for stream in self._video.values():
+                stream.array = group.create_array(array_path(stream.name, STAGING_FORMAT), shape=(MAX_VIDEO_BYTES,),
+                                                  chunks=(VIDEO_CHUNK_BYTES,), shards=(stream.shard,), dtype="uint8",
+                                                  fill_value=0, compressors=[Crc32cCodec()], serializer=BytesCodec(),
+                                                  config=_WRITE_EVERY_CHUNK)
+        self.created = True
 
     def add_frame(self, state: Mapping[str, np.ndarray], action: np.ndarray, reward: float,
                   annotations: tuple[int, ...]) -> bool:
-        """Buffer one frame's numbers; True when whole shards are ready for :meth:`flush_full`."""
+        """Buffer one frame's numbers; True when whole chunks are ready for :meth:`take_full`."""
         if set(state) != set(self.layout.state_shapes):
             raise ValueError(f"frame state keys {sorted(state)} differ from the job's "
                              f"{sorted(self.layout.state_shapes)}")
@@ -217,25 +272,38 @@ class EpisodeWriter:
         return full
 
     def add_video(self, camera: str, data: bytes) -> bool:
-        """Buffer encoded bytes of one camera; True when a whole shard is ready."""
+        """Buffer encoded bytes of one camera; True when a whole chunk is ready."""
         return self._video[camera].add(data) if data else False
 
-    def flush_full(self) -> None:
-        """Write every whole shard (blocking I/O: call it from a worker thread)."""
+    def take_full(self) -> ChunkWrites:
+        """Detach every whole chunk from the buffers (memory only)."""
+        parts = [buf.take() for buf in self._numeric.values() if buf.fill == buf.chunk]
+        parts += [stream.take(final=False) for stream in self._video.values()]
+        return ChunkWrites(tuple(p for p in parts if p is not None))
+
+    def take_all(self) -> ChunkWrites:
+        """Detach everything buffered, partial tail chunks included (the attempt's last writes)."""
+        parts = [buf.take() for buf in self._numeric.values()]
+        parts += [stream.take(final=True) for stream in self._video.values()]
+        return ChunkWrites(tuple(p for p in parts if p is not None))
+
+    def write(self, writes: ChunkWrites) -> None:
+        """Write detached shards (blocking I/O: call it from a worker thread, after :meth:`create`)."""
         with writing(f"staged data of episode {self.episode_id}", self.path):
-            for buf in self._numeric.values():
-                if buf.fill == buf.chunk:
-                    buf.flush()
-            for stream in self._video.values():
-                stream.flush(final=False)
+            for part in writes.parts:
+                part.target.write(part.start, part.data)
+
+    def flush_full(self) -> None:
+        """Write every whole chunk now (blocking I/O)."""
+        self.write(self.take_full())
 
     def flush_all(self) -> dict[str, int]:
-        """Write the partial tail shards; returns the byte length of each camera stream."""
-        with writing(f"staged data of episode {self.episode_id}", self.path):
-            for buf in self._numeric.values():
-                buf.flush()
-            for stream in self._video.values():
-                stream.flush(final=True)
+        """Write the partial tail chunks now; returns the byte length of each camera stream."""
+        self.write(self.take_all())
+        return self.video_bytes()
+
+    def video_bytes(self) -> dict[str, int]:
+        """The byte length of each camera stream handed out for writing."""
         return {camera: stream.written for camera, stream in self._video.items()}
 
     def content_hash(self) -> str:
@@ -295,11 +363,17 @@ class StagingStore:
         return staged_episode_path(self.store_dir, episode_id)
 
     def open_episode(self, episode_id: str) -> EpisodeWriter:
+        """A writer whose arrays exist (blocking I/O)."""
+        writer = self.prepare_episode(episode_id)
+        writer.create()
+        return writer
+
+    def prepare_episode(self, episode_id: str) -> EpisodeWriter:
+        """A writer that buffers in memory; its :meth:`EpisodeWriter.create` makes the arrays later."""
         root = self._writable(f"stage episode {episode_id}")
         if self.episode_path(episode_id).exists():
             raise FileExistsError(f"staged data for {episode_id} already exists at {self.episode_path(episode_id)}")
-        with writing(f"the staging folder of episode {episode_id}", self.episode_path(episode_id)):
-            return EpisodeWriter(root, self.episode_path(episode_id), episode_id, self.layout)
+        return EpisodeWriter(root, self.episode_path(episode_id), episode_id, self.layout)
 
     def delete_episode(self, episode_id: str) -> bool:
         self._writable(f"delete episode {episode_id}")

@@ -250,14 +250,10 @@ def test_full_disk_while_staging_surfaces_and_keeps_committed_data(tmp_path, mon
     run_job(toy(2), store)
     from demoforge.storage import staging as staging_mod
 
-    real_flush = staging_mod._ChunkBuffer.flush
+    def enospc(self, start, data):  # every chunk write of a numeric array finds the disk full
+        raise OSError(28, "No space left on device")
 
-    def enospc(self):
-        if self.fill:
-            raise OSError(28, "No space left on device")
-        return real_flush(self)
-
-    monkeypatch.setattr(staging_mod._ChunkBuffer, "flush", enospc)
+    monkeypatch.setattr(staging_mod._ChunkBuffer, "write", enospc)
     with pytest.RaisesGroup(pytest.RaisesExc(OSError, check=lambda e: e.errno == errno.ENOSPC)):
         run_job(toy(4), store)
     monkeypatch.undo()

@@ -32,6 +32,7 @@ from demoforge.stages.encode import EncoderError, encode_stage
 from demoforge.stages.plan import EpisodePlanner
 from demoforge.stages.step import step_stage
 from demoforge.stages.write import write_stage
+from demoforge.storage.schema import CameraSpec
 from demoforge.storage.store import JobStore
 from helpers import decode_frames, psnr
 
@@ -185,6 +186,31 @@ async def test_step_blocks_on_a_full_stream_so_the_env_waits_for_the_consumer():
     assert len(steps_taken) == STEPS and sum(isinstance(r, Frame) for r in records) == STEPS
 
 
+async def test_step_sends_records_in_batches_and_runs_at_most_a_batch_ahead_of_a_full_stream():
+    assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](1)
+    send, receive = anyio.create_memory_object_stream(1)
+    steps_taken: list[int] = []
+    stop = threading.Event()
+    await assign_send.send(EpisodeAssignment(0))
+    assign_send.close()
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: step_stage(0, step_env_factory(steps_taken), task="toy-point", num_envs=1,
+                                             job_seed=0, max_attempts=3, assignments=assign_recv, send=send,
+                                             stop=stop, send_batch=4, send_wait_s=60))
+            while send.statistics().tasks_waiting_send == 0:
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.2)
+            # One batch (AttemptStarted + 3 frames) went out in one hand-off: the first record fills the
+            # stream, the second waits in send, and the env stopped after the batch's 3 steps.
+            assert receive.statistics().current_buffer_used == 1
+            assert len(steps_taken) == 3
+            records = await drain(receive)
+    # The last, partial batch is sent when the plan runs dry; order is the executor's.
+    assert [type(r).__name__ for r in records] == ["AttemptStarted"] + ["Frame"] * STEPS + ["AttemptEnded"]
+    assert [r.step for r in records if isinstance(r, Frame)] == list(range(STEPS))
+
+
 async def test_step_stop_ends_in_flight_attempts_as_interrupted():
     assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](1)
     send, receive = anyio.create_memory_object_stream(100)
@@ -258,19 +284,90 @@ async def test_encode_waits_for_its_consumer_and_can_be_cancelled_mid_attempt():
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: encode_stage(in_recv, out_send, cameras=INFO.cameras, fps=INFO.fps,
-                                               settings=H264))
+                                               settings=H264, lookahead=4))
             first = await out_recv.receive()
             second = await out_recv.receive()
             assert isinstance(first, AttemptStarted) and isinstance(second, EncodedFrame)
             await anyio.sleep(0.2)
-            # Nobody reads: the stage holds one encoded frame in send and takes nothing more.
+            # Nobody reads: the stage holds one encoded frame in send, has taken its lookahead of records
+            # in all and takes nothing more.
             assert out_send.statistics().tasks_waiting_send == 1
-            assert in_send.statistics().current_buffer_used == len(records) - 3
+            assert in_send.statistics().current_buffer_used == len(records) - 2 - 4
             tg.cancel_scope.cancel()  # mid-attempt: its encoders are aborted, its streams closed
     with pytest.raises(anyio.EndOfStream):
         await out_recv.receive()
     with pytest.raises(anyio.BrokenResourceError):
         await in_send.send(records[-1])
+
+
+def two_camera_records() -> tuple[tuple[CameraSpec, ...], list]:
+    """One toy episode whose frames carry two cameras, "fast" and "slow" (different images)."""
+    cameras = (CameraSpec("fast", SIZE, SIZE), CameraSpec("slow", SIZE, SIZE))
+    out = []
+    for r in toy_records(1):
+        if isinstance(r, Frame):
+            image = r.images["cam"]
+            r = Frame(r.key, r.step, r.state, r.action, r.reward, r.annotations,
+                      images={"fast": image, "slow": np.ascontiguousarray(image[::-1])})
+        out.append(r)
+    return cameras, out
+
+
+async def test_encode_cameras_run_independently_and_records_leave_in_order(monkeypatch):
+    from demoforge.stages import encode
+
+    cameras, records = two_camera_records()
+    release = threading.Event()
+    encoded: dict[str, int] = {"fast": 0, "slow": 0}
+    real = encode.CameraEncoder.encode
+
+    def gated(self, image):
+        if self.camera.name == "slow":
+            assert release.wait(30), "the test never released the slow camera"
+        encoded[self.camera.name] += 1
+        return real(self, image)
+
+    monkeypatch.setattr(encode.CameraEncoder, "encode", gated)
+    in_send, in_recv = anyio.create_memory_object_stream(len(records))
+    out_send, out_recv = anyio.create_memory_object_stream(100)
+    for record in records:
+        in_send.send_nowait(record)
+    in_send.close()
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: encode_stage(in_recv, out_send, cameras=cameras, fps=INFO.fps, settings=H264,
+                                               lookahead=STEPS + 2))
+            while encoded["fast"] < STEPS:  # the fast camera encodes every frame while "slow" is stuck at 0
+                await anyio.sleep(0.01)
+            assert encoded["slow"] == 0
+            # A frame leaves only when all its cameras are done: nothing but the attempt's start so far.
+            assert [type(r).__name__ for r in [await out_recv.receive()]] == ["AttemptStarted"]
+            assert out_recv.statistics().current_buffer_used == 0
+            release.set()
+            out = await drain(out_recv)
+    assert [type(r).__name__ for r in out] == ["EncodedFrame"] * STEPS + ["VideoTail", "AttemptEnded"]
+    assert [r.step for r in out[:STEPS]] == list(range(STEPS))
+    frames = [r for r in records if isinstance(r, Frame)]
+    for name in ("fast", "slow"):
+        video = b"".join(r.video[name] for r in out[:STEPS]) + out[STEPS].video[name]
+        decoded = decode_frames(video)
+        assert len(decoded) == STEPS  # each camera's frames in exact order
+        assert min(psnr(d, f.images[name]) for d, f in zip(decoded, frames)) > 30
+
+
+async def test_encode_surfaces_an_encoder_failure_in_a_camera_lane(monkeypatch):
+    from demoforge.stages import encode
+
+    real = encode.CameraEncoder.encode
+
+    def failing(self, image):
+        if self.frames == 3:
+            raise EncoderError(f"camera {self.camera.name!r} frame 3: simulated")
+        return real(self, image)
+
+    monkeypatch.setattr(encode.CameraEncoder, "encode", failing)
+    with pytest.RaisesGroup(pytest.RaisesExc(EncoderError, match="frame 3: simulated")):
+        await run_encode(toy_records(2))
 
 
 # ---------------------------------------------------------------------------------------------- write
@@ -316,6 +413,45 @@ async def test_write_refuses_an_attempt_whose_frame_count_disagrees(tmp_path):
         with pytest.RaisesGroup(pytest.RaisesExc(RuntimeError, match=f"write stage saw {STEPS} frames, the "
                                                                      f"executor emitted {STEPS + 1}")):
             await run_write(store, tampered)
+    finally:
+        store.close()
+
+
+async def test_write_keeps_taking_records_while_its_io_is_slow_up_to_its_io_queue(tmp_path, monkeypatch):
+    from demoforge.storage import staging as staging_mod
+
+    records = await run_encode(toy_records(3))
+    release = threading.Event()
+    real_create = staging_mod.EpisodeWriter.create
+
+    def slow_create(self):
+        assert release.wait(30), "the test never released the disk"
+        return real_create(self)
+
+    monkeypatch.setattr(staging_mod.EpisodeWriter, "create", slow_create)
+    store = open_store(tmp_path / "store")
+    try:
+        in_send, in_recv = anyio.create_memory_object_stream(len(records))
+        out_send, out_recv = anyio.create_memory_object_stream(100)
+        for record in records:
+            in_send.send_nowait(record)
+        in_send.close()
+        per_attempt = len(records) // 3
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: write_stage(in_recv, out_send, staging=store.staging, catalog=store.catalog,
+                                                  io_queue=2))
+                await anyio.sleep(0.3)
+                # The first attempt's arrays are still being created, yet its frames were all buffered; I/O
+                # jobs: its opening (running), its last chunks (queued), the next opening (waiting to queue).
+                assert in_send.statistics().current_buffer_used == len(records) - per_attempt - 1
+                assert out_recv.statistics().current_buffer_used == 0
+                release.set()
+                out = await drain(out_recv)
+        assert [s.ended.key.episode_index for s in out] == [0, 1, 2]
+        for item in out:
+            episode = store.staging.read_episode(item.ended.key.episode_id, item.ended.frames, item.video_bytes)
+            assert episode.content_hash() == item.content_hash
     finally:
         store.close()
 

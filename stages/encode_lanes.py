@@ -1,0 +1,232 @@
+"""Camera lanes: one long-lived thread per camera owns every encoder of that camera and works through its
+own queue, so cameras of a frame encode independently and no frame costs a thread hand-off.
+
+The event loop only appends jobs to the lanes' queues (a lock and a list append) and collects results in
+job order. A lane wakes the loop (one ``call_soon_threadsafe``) only when the loop waits for results and
+enough are ready, or on an error: at most one wake per ``batch`` frames while the encoders are the
+bottleneck. Jobs of one lane run in submission order, so each camera's frames are encoded in exact order,
+and the i-th result of every lane belongs to the i-th job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+import anyio.from_thread
+import numpy as np
+
+from demoforge.pipeline.records import AttemptKey
+
+
+class Encoder(Protocol):
+    """What a lane needs of one camera's encoder for one attempt (``CameraEncoder`` and its siblings)."""
+
+    def encode(self, image: np.ndarray) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+    def abort(self) -> None: ...
+
+
+@dataclass(frozen=True, eq=False)
+class _Job:
+    """Encode ``image`` (kind "frame"), or end the attempt: flush its encoder ("keep") or drop it ("drop")."""
+
+    kind: str
+    key: AttemptKey
+    image: np.ndarray | None = None
+
+
+class _Waker:
+    """Wakes the event loop from a lane thread without waiting for it (asyncio: ``call_soon_threadsafe``;
+    other anyio backends: a blocking ``from_thread.run_sync``)."""
+
+    def __init__(self) -> None:
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._token = anyio.lowlevel.current_token()
+
+    def __call__(self, event: anyio.Event) -> None:
+        try:
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(event.set)
+            else:
+                anyio.from_thread.run_sync(event.set, token=self._token)
+        except RuntimeError:  # the loop is gone: nobody waits any more
+            pass
+
+
+class _Lane:
+    """One camera: a thread running its jobs in order, keeping one encoder per attempt."""
+
+    def __init__(self, name: str, make_encoder: Callable[[], Encoder], hub: LaneSet) -> None:
+        self.name = name
+        self._make_encoder = make_encoder
+        self._hub = hub
+        self._inbox: deque[_Job] = deque()
+        self._has_work = threading.Condition(hub.lock)
+        self.results: deque[bytes | None] = deque()
+        self._encoders: dict[AttemptKey, Encoder] = {}
+        self.busy_s = 0.0
+        self._thread = threading.Thread(target=self._run, name=f"encode-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, job: _Job) -> None:
+        """Queue a job (caller holds the hub's lock)."""
+        self._inbox.append(job)
+        if len(self._inbox) == 1:
+            self._has_work.notify()
+
+    def wake(self) -> None:
+        """Let a waiting lane see ``hub.closing`` (caller holds the hub's lock)."""
+        self._has_work.notify()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        hub = self._hub
+        try:
+            while True:
+                with hub.lock:
+                    while not self._inbox and not hub.closing:
+                        self._has_work.wait()
+                    if hub.closing:
+                        return
+                    batch = list(self._inbox)
+                    self._inbox.clear()
+                for job in batch:
+                    if hub.closing:
+                        return
+                    mark = time.perf_counter()
+                    out = self._do(job)
+                    self.busy_s += time.perf_counter() - mark
+                    hub.deliver(self, out)
+        except BaseException as exc:  # an encoder failure (EncoderError) or a bug: the stage re-raises it
+            hub.fail(exc)
+        finally:
+            for encoder in self._encoders.values():  # whatever is left belongs to no committable attempt
+                encoder.abort()
+            self._encoders.clear()
+
+    def _do(self, job: _Job) -> bytes | None:
+        if job.kind == "frame":
+            encoder = self._encoders.get(job.key)
+            if encoder is None:
+                encoder = self._encoders[job.key] = self._make_encoder()
+            assert job.image is not None
+            return encoder.encode(job.image)
+        encoder = self._encoders.pop(job.key, None)
+        if encoder is None:  # an attempt that ended before its first frame
+            return None
+        if job.kind == "keep":
+            return encoder.finish()
+        encoder.abort()
+        return None
+
+
+class LaneSet:
+    """The lanes of one encode stage, with the results they have ready. Loop-side methods never block."""
+
+    def __init__(self, makers: Mapping[str, Callable[[], Encoder]], batch: int = 4) -> None:
+        self.lock = threading.Lock()
+        self.closing = False
+        self.batch = max(1, batch)
+        self._error: BaseException | None = None
+        self._submitted = 0  # jobs given to every lane
+        self._taken = 0  # jobs whose results the loop took
+        self._want: int | None = None  # results per lane the loop waits for
+        self._event: anyio.Event | None = None
+        self._waker = _Waker()
+        self.lanes = {name: _Lane(name, make, self) for name, make in makers.items()}
+        for lane in self.lanes.values():
+            lane.start()
+
+    # ----------------------------------------------------------------------------- event-loop side
+    def submit_frame(self, key: AttemptKey, images: Mapping[str, np.ndarray]) -> None:
+        with self.lock:
+            for name, lane in self.lanes.items():
+                lane.put(_Job("frame", key, images[name]))
+            self._submitted += 1
+
+    def submit_end(self, key: AttemptKey, keep: bool) -> None:
+        with self.lock:
+            job = _Job("keep" if keep else "drop", key)
+            for lane in self.lanes.values():
+                lane.put(job)
+            self._submitted += 1
+
+    async def next_result(self) -> dict[str, bytes | None]:
+        """The next job's result of every lane, in submission order; waits (for a batch) if not ready."""
+        with self.lock:
+            self._raise_if_failed()
+            if self._ready() == 0:
+                self._want = min(self.batch, self._submitted - self._taken)
+                self._event = event = anyio.Event()
+            else:
+                event = None
+        if event is not None:
+            try:
+                await event.wait()
+            finally:
+                with self.lock:
+                    self._want = self._event = None
+            with self.lock:
+                self._raise_if_failed()
+        with self.lock:
+            self._taken += 1
+            return {name: lane.results.popleft() for name, lane in self.lanes.items()}
+
+    def busy_seconds(self) -> dict[str, float]:
+        return {name: lane.busy_s for name, lane in self.lanes.items()}
+
+    async def close(self) -> None:
+        """Stop every lane (each aborts the encoders it still holds) and wait for their threads."""
+        with self.lock:
+            self.closing = True
+            for lane in self.lanes.values():
+                lane.wake()
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._join)
+
+    def _join(self) -> None:
+        for lane in self.lanes.values():
+            lane.join(timeout=60)  # a lane finishes the frame it is encoding, then stops
+
+    # --------------------------------------------------------------------------------- lane side
+    def deliver(self, lane: _Lane, out: bytes | None) -> None:
+        with self.lock:
+            lane.results.append(out)
+            if self._want is not None and self._ready() >= self._want:
+                self._wake()
+
+    def fail(self, exc: BaseException) -> None:
+        with self.lock:
+            if self._error is None:
+                self._error = exc
+            self._wake()
+
+    # ------------------------------------------------------------------------------------ shared
+    def _ready(self) -> int:
+        return min(len(lane.results) for lane in self.lanes.values())
+
+    def _wake(self) -> None:
+        if self._event is not None:
+            self._waker(self._event)
+            self._want = None
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
