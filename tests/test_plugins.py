@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,8 +21,10 @@ EXAMPLE = REPO / "docs" / "examples" / "demoforge-example-task"
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The worked example package, installed as a user would (pip, from its own pyproject) into a folder."""
     site = tmp_path_factory.mktemp("site")
+    source = tmp_path_factory.mktemp("src") / EXAMPLE.name  # setuptools builds inside the source folder
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                           "--target", str(site), str(EXAMPLE)], capture_output=True, text=True, timeout=300,
+                           "--target", str(site), str(source)], capture_output=True, text=True, timeout=300,
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
     return site
