@@ -23,6 +23,7 @@ from demoforge.pipeline.tasks.registry import CameraSpec
 from demoforge.storage import depth as depth_video
 from demoforge.storage.schema import DepthVideoIdentity
 from demoforge.stages.encode_lanes import LaneSet
+from demoforge.stages.halves import run_halves
 
 #: Records the encode stage takes in ahead of what it sent on: how far one camera may run ahead of another.
 DEFAULT_LOOKAHEAD = 16
@@ -208,13 +209,6 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
 
     try:
         async with receive, send, slots_recv:
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(feed)
-                    tg.start_soon(emit, tg.cancel_scope)
-            except BaseExceptionGroup as group:  # the stage fails with its own error, as one exception
-                if len(group.exceptions) == 1:
-                    raise group.exceptions[0] from group.exceptions[0].__cause__
-                raise
+            await run_halves(feed, emit)
     finally:
         await lanes.close()

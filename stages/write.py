@@ -27,6 +27,7 @@ from demoforge.pipeline.records import (
     StagedAttempt,
     VideoTail,
 )
+from demoforge.stages.halves import run_halves
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.staging import EpisodeWriter, StagingStore
 
@@ -115,11 +116,4 @@ async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryOb
             stage.cancel()  # the commit stage is gone: it failed or was cancelled, and reports why itself
 
     async with receive, send, jobs_recv:
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(intake)
-                tg.start_soon(run_io, tg.cancel_scope)
-        except BaseExceptionGroup as group:  # the stage fails with its own error, as one exception
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from group.exceptions[0].__cause__
-            raise
+        await run_halves(intake, run_io)
