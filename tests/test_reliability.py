@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -111,8 +112,14 @@ def test_export_killed_between_rename_and_link_swap_is_completed_by_the_next_one
     class Crash(Exception):
         pass
 
+    versions = tmp_path / "dataset.versions"
+    kept = tmp_path / "at-the-kill"
+
     def crash(step: str) -> None:
         if step == "before_publish":  # after the rename, before the link swap
+            # What a SIGKILL here leaves on disk: the renamed version. (An exception makes the export remove it
+            # at once, so the state at the "kill" is copied aside and put back below.)
+            shutil.copytree(versions / version, kept / version, symlinks=True)
             raise Crash
 
     for episodes, version in ((1, "v000001"), (2, "v000002")):
@@ -120,6 +127,8 @@ def test_export_killed_between_rename_and_link_swap_is_completed_by_the_next_one
                         video=VideoSettings(codec="h264")), store)
         with pytest.raises(Crash):
             export_store(store, out, stage_pause=crash)
+        assert not (versions / version).exists()  # an exception gives the space back at once
+        os.rename(kept / version, versions / version)
         assert (tmp_path / "dataset.versions" / version).is_dir()
         assert not out.is_symlink() or os.readlink(out) != f"dataset.versions/{version}"
         report = export_store(store, out)

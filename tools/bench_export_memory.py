@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -42,23 +41,25 @@ def run(argv: list[str], code_dir: Path) -> tuple[float, float, str]:
 
 
 def replicate(seed: Path, dest: Path, count: int) -> int:
-    """A copy of ``seed`` holding ``count`` committed episodes (the seed's, repeated); returns the frames."""
+    """A copy of ``seed`` holding ``count`` committed episodes (the seed's, repeated); returns the frames.
+    The copies are staged by copying folders and recorded through the catalog's own transitions."""
+    from demoforge.storage.catalog import Catalog
+    from demoforge.storage.staging import staged_episode_path
+
     shutil.copytree(seed, dest)
-    db = sqlite3.connect(dest / "catalog.sqlite")
-    cols = [r[1] for r in db.execute("PRAGMA table_info(attempts)") if r[1] not in ("id",)]
-    rows = db.execute(f"SELECT {', '.join(cols)} FROM attempts WHERE state = 'committed' ORDER BY episode_index"
-                      ).fetchall()
-    episodes = dest / "staging.zarr" / "episodes"
-    for i in range(len(rows), count):
-        row = dict(zip(cols, rows[i % len(rows)]))
-        new_id = f"ep{i:08d}-a00"
-        shutil.copytree(episodes / row["episode_id"], episodes / new_id)
-        row.update(episode_index=i, attempt=0, episode_id=new_id)
-        db.execute(f"INSERT INTO attempts ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", tuple(row.values()))
-    db.commit()
-    frames = db.execute("SELECT SUM(frames) FROM attempts WHERE state = 'committed'").fetchone()[0]
-    db.close()
-    return int(frames)
+    catalog = Catalog.open_existing(dest)
+    try:
+        rows = catalog.committed()
+        for i in range(len(rows), count):
+            row = rows[i % len(rows)]
+            new_id = f"ep{i:08d}-a00"
+            shutil.copytree(staged_episode_path(dest, row.episode_id), staged_episode_path(dest, new_id))
+            catalog.begin_attempt(i, 0, new_id, row.seed)
+            catalog.commit(new_id, frames=row.frames or 0, video_bytes=row.video_bytes,
+                           content_hash=row.content_hash or "", record=dict(row.record or {}, episode_index=i))
+        return sum(r.frames or 0 for r in catalog.committed())
+    finally:
+        catalog.close()
 
 
 def main() -> int:
