@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import anyio
 
 
-async def run_halves(intake: Callable[[], Awaitable[None]],
-                     output: Callable[[anyio.CancelScope], Awaitable[None]]) -> None:
+async def run_halves(intake: Callable[[], Coroutine[Any, Any, None]],
+                     output: Callable[[anyio.CancelScope], Coroutine[Any, Any, None]]) -> None:
     """Run both halves in one task group; ``output`` gets the group's cancel scope to stop the stage when the
     next stage is gone. A single failure is raised as itself, not wrapped in an exception group, so the
     stage fails with its own typed error (EncoderError, a write error) as a sequential stage would."""
