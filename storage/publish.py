@@ -11,7 +11,6 @@ One export at a time per dataset (:func:`lock_exports`); the newest :data:`KEEP_
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from demoforge.storage.lerobot_format import INFO, MARKER, ExportMarker, MarkerError
+from demoforge.storage.locks import try_lock
 from demoforge.storage.paths import path_problem, short_path
 from demoforge.storage.staging import fsync_dir, fsync_file
 
@@ -105,12 +105,9 @@ def check_writable(parent: Path) -> None:
 def lock_exports(versions: Path) -> int:
     """Hold the dataset's export lock (one exporting process at a time); close the fd to release it."""
     versions.mkdir(parents=True, exist_ok=True)
-    fd = os.open(versions / EXPORT_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ExportError(f"another export into {versions.parent} is running") from None
+    fd = try_lock(versions / EXPORT_LOCK)
+    if fd is None:
+        raise ExportError(f"another export into {versions.parent} is running")
     return fd
 
 

@@ -5,12 +5,12 @@ Readers never come here: they open a store with ``storage/reader.py`` (no lock, 
 
 from __future__ import annotations
 
-import fcntl
 import os
 from pathlib import Path
 
 from demoforge.storage.catalog import CATALOG_FILE, Catalog, check_catalog_file
 from demoforge.storage.errors import StoreError, StoreLockedError
+from demoforge.storage.locks import try_lock
 from demoforge.storage.paths import LOCK_FILE, path_problem, short_path
 from demoforge.storage.recovery import RecoveryReport, recover
 from demoforge.storage.schema import Fingerprint
@@ -79,12 +79,9 @@ class JobStore:
 
 
 def acquire_lock(path: Path) -> int:
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreLockedError(f"another demoforge process is writing to {path} (lock {path / LOCK_FILE})") from None
+    fd = try_lock(path / LOCK_FILE)
+    if fd is None:
+        raise StoreLockedError(f"another demoforge process is writing to {path} (lock {path / LOCK_FILE})")
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
