@@ -15,13 +15,18 @@ REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
 
 
-def cli_env(**extra: str) -> dict[str, str]:
+def cli_env(**extra: str | None) -> dict[str, str]:
+    """The test process's environment for a CLI subprocess; a None value removes that variable."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH", "")]))
     env["DEMOFORGE_TASK_MODULES"] = "toy_tasks"
     env.setdefault("MUJOCO_GL", "egl")
     env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
+    for key, value in extra.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     return env
 
 

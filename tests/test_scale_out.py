@@ -31,7 +31,8 @@ from demoforge.storage.staging import VIDEO_SHARD_BYTES, staged_episode_ids
 from demoforge.storage.verify import verify_store
 from helpers import cli_env, demoforge_argv
 
-pytestmark = pytest.mark.slow
+# One Ray cluster per test session: with pytest-xdist every test of this file runs in the same worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 FETCH_ARGS = ("--task", "fetch-pick-place", "--option", "cycles=1", "--option", "image_size=64", "--episodes", "3")
 # Toy episodes of 60 steps x 20 ms: long enough that a kill lands mid-episode, short enough for the suite.
@@ -77,7 +78,7 @@ def toy_clean(tmp_path_factory) -> list[tuple]:
 class Generate:
     """`demoforge generate` in a subprocess, its stderr collected line by line (worker pids are read from it)."""
 
-    def __init__(self, *args: str, **env: str) -> None:
+    def __init__(self, *args: str, **env: str | None) -> None:
         self.proc = subprocess.Popen(demoforge_argv("generate", *args), env=cli_env(**env), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
@@ -151,8 +152,10 @@ def test_process_and_ray_executors_commit_what_a_thread_run_commits(tmp_path, ra
     assert len(expected) == 3
     for kind in ("process", "ray"):
         store, dataset = tmp_path / kind, tmp_path / f"{kind}-dataset"
+        # The session's cluster uses token authentication (Ray's default for a new local cluster); the driver
+        # joins with this machine's token without being told RAY_AUTH_MODE, as after `ray start --head`.
         run = Generate(*FETCH_ARGS, "--store", str(store), "--export", str(dataset),
-                       *executor_args(kind, ray_cluster))
+                       *executor_args(kind, ray_cluster), RAY_AUTH_MODE=None)
         code, out, err = run.finish()
         assert code == 0, err
         assert len(run.worker_pids(2)) == 2

@@ -1,6 +1,6 @@
 """The built-in "aloha-transfer-cube" task on the real gym-aloha simulator.
 
-One module-scoped env runs ten episodes once (small images keep it quick); the tests read its records.
+One module-scoped env runs five episodes once (small images keep it quick); the tests read its records.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from demoforge.pipeline.tasks.registry import TaskOptionError, get_task  # noqa:
 
 TASK = "aloha-transfer-cube"
 OPTIONS = {"image_height": 48, "image_width": 64}  # unequal sides catch a swapped height/width
-EPISODES = 10
+EPISODES = 5
 SEGMENTS = ("reach_above_cube", "descend", "grasp", "lift_to_meet", "move_to_meet", "handover", "retreat")
 
 pytestmark = pytest.mark.slow
@@ -76,7 +76,7 @@ def test_segments_in_order_and_spans_cover_the_episode(aloha):
 
 
 def test_same_episode_twice_is_identical(aloha):
-    """Episode 0 rerun after nine other episodes on the same env: identical actions and images."""
+    """Episode 0 rerun after the other episodes on the same env: identical actions and images."""
     env, records = aloha
     first, again = frames_of(records, 0), frames_of(run(env, 1), 0)
     assert len(first) == len(again) > 0

@@ -22,6 +22,9 @@ from demoforge.pipeline.workers.config import EpisodeAssignment, ExecutorConfig,
 from demoforge.pipeline.workers.episode_worker import EpisodeWorker, Piece, WorkerSpec, format_exception
 from demoforge.pipeline.workers.process_backend import WorkerLost
 
+AUTH_HINT = ("if the cluster uses token authentication (`ray start --head` turns it on since Ray 2.59), this "
+             "machine needs its token: run `ray get-auth-token` on the head and put the token in ~/.ray/auth_token "
+             "or RAY_AUTH_TOKEN here")
 INSTALL_HINT = "install it with: pip install 'demoforge[ray]' (on the driver and on every worker machine)"
 LOCAL_OBJECT_STORE_BYTES = 256 << 20  # pieces are small and bounded in number; Ray's default takes 30% of RAM
 
@@ -124,6 +127,8 @@ class RayBackend:
         self._started_local = False
 
     async def connect(self) -> str:
+        if self.config.ray_address is not None and not _ray_imported():
+            use_cluster_token()  # before Ray reads its configuration from the environment
         ray = self._ray = import_ray()
         address = self.config.ray_address
         options: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": False}
@@ -147,7 +152,7 @@ class RayBackend:
             except Exception as exc:
                 raise RayUnreachableError(f"cannot join a Ray cluster at {address}: {_first_line(exc)}. Start one "
                                           "with `ray start --head`, or leave --ray-address out to start a local "
-                                          "Ray") from None
+                                          f"Ray; {AUTH_HINT}") from None
             where = f"the Ray cluster at {address}"
         resources = ray.cluster_resources()
         self._actor_class = ray.remote(num_cpus=self.config.cpus_per_worker, max_restarts=0,
@@ -185,6 +190,27 @@ class RayBackend:
         if self._started_local and self._ray is not None:
             await anyio.to_thread.run_sync(self._ray.shutdown)
             self._started_local = False
+
+
+def use_cluster_token() -> None:
+    """Join a token-authenticated cluster with the token this machine has.
+
+    ``ray start --head`` turns token authentication on by default (Ray 2.59+) and saves the token in
+    ~/.ray/auth_token, but ``ray.init(address=...)`` sends it only when ``RAY_AUTH_MODE=token`` is set: without
+    it the driver retries for 20 s and fails with a bare ConnectionError. A cluster without authentication
+    accepts a driver that sends a token, so sending one whenever this machine has one is safe. An explicit
+    ``RAY_AUTH_MODE`` is left alone."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    token_file = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(token_file):
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def _ray_imported() -> bool:
+    import sys
+
+    return "ray" in sys.modules
 
 
 def _first_line(exc: BaseException) -> str:
