@@ -677,26 +677,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from demoforge.pipeline.malloc import limit_malloc_arenas, make_uninitialized_reads_deterministic
+def _known_errors() -> tuple[type[BaseException], ...]:
+    """Errors a person can act on (bad input, a refused store): one line, exit 2. Imported when an error
+    happens, so that a command does not load every other command's modules at start-up."""
     from demoforge.pipeline.daemon_config import DaemonConfigError
-    from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, describe_write_failure
     from demoforge.pipeline.job import JobConfigError
     from demoforge.pipeline.replay_run import ReplayInputError
     from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError
-    from demoforge.pipeline.workers.config import ExecutorError, WorkersLostError
+    from demoforge.pipeline.workers.config import ExecutorError
     from demoforge.storage.catalog import JobMismatchError
     from demoforge.storage.errors import StoreError
     from demoforge.storage.lerobot_export import ExportError
     from demoforge.storage.staging import StagingFormatError
     from demoforge.storage.viewer.files import ViewerError
+
+    return (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
+            ExportError, DaemonConfigError, ViewerError, ReplayInputError, ExecutorError, StagingFormatError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from demoforge.pipeline.malloc import limit_malloc_arenas, make_uninitialized_reads_deterministic
+    from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, describe_write_failure
+    from demoforge.pipeline.workers.config import WorkersLostError
     from demoforge.storage.write_errors import is_write_error
 
     args = build_parser().parse_args(argv)
     limit_malloc_arenas()
     make_uninitialized_reads_deterministic()
-    known = (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
-             ExportError, DaemonConfigError, ViewerError, ReplayInputError, ExecutorError, StagingFormatError)
     err = _console(stderr=True)
     try:
         try:
@@ -705,7 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.debug:
                 raise
             leaves = _leaves(group)
-            if leaves and all(isinstance(e, known + (WorkersLostError,)) for e in leaves):
+            if leaves and all(isinstance(e, _known_errors() + (WorkersLostError,)) for e in leaves):
                 raise leaves[0] from None
             # The first real failure; the others are usually its consequences (a closed stream, a cancel).
             first = next((e for e in leaves if is_write_error(e)), None) or next(
@@ -713,20 +720,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             if first is not None:
                 raise first from None
             raise
-    except WorkersLostError as exc:
-        _console(stderr=True).print(f"demoforge {args.command}: error: {exc}", markup=False)
-        return EXIT_FAIL
-    except known as exc:
-        if args.debug:
-            raise
-        err.print(f"demoforge {args.command}: error: {exc}", markup=False)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         err.print(f"demoforge {args.command}: stopped at once; committed episodes are kept")
         return 130
     except Exception as exc:
+        if isinstance(exc, WorkersLostError):
+            err.print(f"demoforge {args.command}: error: {exc}", markup=False)
+            return EXIT_FAIL
         if args.debug:
             raise
+        if isinstance(exc, _known_errors()):
+            err.print(f"demoforge {args.command}: error: {exc}", markup=False)
+            return EXIT_USAGE
         if is_write_error(exc):
             err.print(describe_write_failure(args.command, exc, args), markup=False)
             return EXIT_WRITE_FAILED

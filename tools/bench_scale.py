@@ -4,7 +4,7 @@ workers one driver can serve.
 
 Run from the repository root::
 
-    MUJOCO_GL=egl HF_HUB_OFFLINE=1 .venv/bin/python tools/bench_scale.py [--episodes 3] [--quick]
+    MUJOCO_GL=egl HF_HUB_OFFLINE=1 .venv/bin/python tools/bench_scale.py [--episodes 3] [--repeat 3] [--quick]
 
 (a) aloha-transfer-cube 224x224, one worker: wall time of ``demoforge generate`` (thread, and process
     executor) over ``demoforge run`` (env only, nothing stored) on the same episodes.  Target (process) <= 1.05.
@@ -79,6 +79,13 @@ def run_env_only(episodes: int) -> dict[str, Any]:
 def generate(store: Path, episodes: int, *extra: str) -> dict[str, Any]:
     shutil.rmtree(store, ignore_errors=True)
     return cli("generate", *ALOHA, "--episodes", str(episodes), "--max-attempts", "1", "--store", str(store), *extra)
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median wall time (the lower middle one for an even count), with every round's wall."""
+    chosen = dict(sorted(runs, key=lambda r: r["wall"])[(len(runs) - 1) // 2])
+    chosen["walls"] = [r["wall"] for r in runs]
+    return chosen
 
 
 def video_bytes_per_frame(store: Path) -> float:
@@ -193,32 +200,38 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=3, help="episodes of (a) and (d); (b) uses one more "
                                                                 "(default 3)")
     parser.add_argument("--quick", action="store_true", help="1 episode, smaller ingest run (a smoke test)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of (a), (b) and (d), interleaved; the tables show each command's median "
+                             "(default 1)")
     parser.add_argument("--ingest-only", action="store_true",
                         help="only (c), with the env-only run of (a) for the per-worker rate")
     args = parser.parse_args()
     n = 1 if args.quick else args.episodes
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     try:
-        # (a) ---------------------------------------------------------------------------------------
-        log(f"(a) aloha-transfer-cube, {n} episode(s), one worker; load {load()}")
-        env_only = run_env_only(n)
-        log(f"  env only: {env_only['wall']:.1f} s")
-        if not args.ingest_only:
-            thread1 = generate(tmp / "thread1", n)
-            log(f"  generate, thread: {thread1['wall']:.1f} s")
-        process1 = generate(tmp / "process1", n, "--executor", "process")
-        log(f"  generate, process: {process1['wall']:.1f} s")
-        packet_bytes_measured = video_bytes_per_frame(tmp / "process1")
-        if not args.ingest_only:
-            # (b) ---------------------------------------------------------------------------------------
-            m = n + 1
-            log(f"(b) {m} episodes: 1 thread worker vs 2 process workers; load {load()}")
-            thread_b = generate(tmp / "thread_b", m)
-            log(f"  1 thread worker: {thread_b['wall']:.1f} s")
-            process_b = generate(tmp / "process_b", m, "--executor", "process", "--workers", "2")
-            log(f"  2 process workers: {process_b['wall']:.1f} s")
-            # (d) ---------------------------------------------------------------------------------------
-            log(f"(d) Ray, 1 actor, {n} episode(s) on a local Ray started before timing; load {load()}")
+        # (a), (b), (d) in interleaved rounds: each round runs every command once, so a change in the machine's
+        # load hits all of them alike; the tables report each command's median over the rounds.
+        rounds: dict[str, list[dict[str, Any]]] = {}
+
+        def timed(key: str, label: str, run: Any) -> None:
+            result = run()
+            rounds.setdefault(key, []).append(result)
+            log(f"  {label}: {result['wall']:.1f} s")
+
+        m = n + 1
+        for r in range(args.repeat):
+            log(f"round {r + 1}/{args.repeat}: (a) aloha-transfer-cube, {n} episode(s), one worker; load {load()}")
+            timed("env_only", "env only", lambda: run_env_only(n))
+            if not args.ingest_only:
+                timed("thread1", "generate, thread", lambda: generate(tmp / "thread1", n))
+            timed("process1", "generate, process", lambda: generate(tmp / "process1", n, "--executor", "process"))
+            if args.ingest_only:
+                continue
+            log(f"  (b) {m} episodes: 1 thread worker vs 2 process workers; load {load()}")
+            timed("thread_b", "1 thread worker", lambda: generate(tmp / "thread_b", m))
+            timed("process_b", "2 process workers",
+                  lambda: generate(tmp / "process_b", m, "--executor", "process", "--workers", "2"))
+            log(f"  (d) Ray, 1 actor, {n} episode(s) on a local Ray started before timing; load {load()}")
             import ray
 
             ray_tmp = tempfile.mkdtemp(prefix="dfray")
@@ -226,12 +239,17 @@ def main() -> None:
             context = ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=256 << 20,
                                _temp_dir=ray_tmp, logging_level="ERROR", log_to_driver=False)
             try:
-                ray1 = generate(tmp / "ray1", n, "--executor", "ray", "--ray-address",
-                                context.address_info["gcs_address"])
+                address = context.address_info["gcs_address"]
+                timed("ray1", "ray, 1 actor",
+                      lambda: generate(tmp / "ray1", n, "--executor", "ray", "--ray-address", address))
             finally:
                 ray.shutdown()
                 shutil.rmtree(ray_tmp, ignore_errors=True)
-            log(f"  ray, 1 actor: {ray1['wall']:.1f} s")
+        med = {key: median_run(runs) for key, runs in rounds.items()}
+        env_only, process1 = med["env_only"], med["process1"]
+        if not args.ingest_only:
+            thread1, thread_b, process_b, ray1 = med["thread1"], med["thread_b"], med["process_b"], med["ray1"]
+        packet_bytes_measured = video_bytes_per_frame(tmp / "process1")
         # (c) ---------------------------------------------------------------------------------------
         ingest_episodes = 6 if args.quick else 60
         aloha_packet = round(packet_bytes_measured)
@@ -254,7 +272,7 @@ def main() -> None:
     # A worker with a core to itself runs no faster than its env: env-only frames per CPU-second of (a).
     worker_rate = env_only["frames_per_cpu_s"]
     print(f"\n## Scale-out benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
-          f"shared machine: load {load()})\n")
+          f"load at the end {load()}; {args.repeat} round(s), medians)\n")
     if not args.ingest_only:
         print("| measurement | wall s | CPU s | CPU utilisation | ratio | target |")
         print("|---|---|---|---|---|---|")
@@ -270,6 +288,9 @@ def main() -> None:
               f"{process_b['util']:.0%} | {ratio(thread_b['wall'], process_b['wall'])}x speed-up | >= 1.4x |")
         print(f"| (d) generate, Ray executor, 1 actor, {n} ep | {ray1['wall']:.1f} | n/a (actors are not children) |  | "
               f"{ratio(ray1['wall'], process1['wall'])} vs process, 1 worker | <= 1.10 |")
+        print()
+        print("Wall seconds of every round: " + "; ".join(
+            f"{key} " + ", ".join(f"{w:.1f}" for w in runs_of["walls"]) for key, runs_of in med.items()))
         print()
     print("| (c) driver ingest (write + commit only) | frames/s | episodes/s | MB/s of video | video KB/frame/camera "
           "| frames per driver CPU-second | workers served (wall) | workers served (driver CPU) |")
