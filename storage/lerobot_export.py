@@ -1,8 +1,9 @@
 """Export committed episodes of a staging store into a LeRobot v3.0 dataset, atomically and incrementally.
 
-The exporter: what goes into a new version and how its files are written (data parquet, per-camera mp4,
-episode metadata, stats, tasks, info, sidecar, marker). The format it writes is ``storage/lerobot_format.py``;
-how a version is built beside the published one and swapped in is ``storage/publish.py``.
+The exporter: which episodes go into a new version, in which order its files are written, and the sidecar and
+marker that make it exactly-once. The files themselves (data parquet, per-camera mp4, episode metadata, stats,
+tasks, info) are written by ``storage/lerobot_files.py``; the format is ``storage/lerobot_format.py``; how a
+version is built beside the published one and swapped in is ``storage/publish.py``.
 
 Exactly once: the published ``meta/demoforge.json`` lists every exported staging episode with its dataset
 index; it is the truth, and the catalog's ``exported`` state is reconciled from it.
@@ -15,37 +16,38 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import av
-import numpy as np
 
-from demoforge.pipeline.contract import ANNOTATION_KEYS, SCHEMA_VERSION
+from demoforge.pipeline.contract import SCHEMA_VERSION
 from demoforge.storage.catalog import AttemptRow, Catalog
 from demoforge.storage.lerobot_format import (
-    CHUNKS_SIZE,
-    CODEBASE_VERSION,
-    DATA_FILE_MB,
     MARKER,
     SIDECAR,
-    STATS_IMAGE_PX,
-    VIDEO_FILE_MB,
     ExportMarker,
     FileChecksum,
     PublishedEpisode,
-    annotation_key,
     camera_key,
     dataset_features,
     file_checksum,
     schema_differences,
     schema_identity,
+)
+from demoforge.storage.lerobot_files import (
+    DataFileWriter,
+    VideoFileWriter,
+    episode_frames,
+    episode_stats,
+    write_episode_meta,
+    write_info,
+    write_stats_file,
+    write_tasks,
 )
 from demoforge.storage.publish import (
     KEEP_VERSIONS,
@@ -60,15 +62,12 @@ from demoforge.storage.publish import (
     remove_unfinished,
     resolve_target,
     start_version,
-    unlink_shared,
     write_json,
 )
 from demoforge.storage.reader import open_store_updater
-from demoforge.storage.depth import decode_codes, dequantize
-from demoforge.storage.schema import AttemptState, CameraSpec, DepthVideoIdentity, Fingerprint
+from demoforge.storage.schema import AttemptState, Fingerprint
 from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore
 from demoforge.storage.verify import check_episode
-from demoforge.storage.video import decode_indices
 from demoforge.storage.write_errors import writing
 
 __all__ = ["ExportError", "ExportReport", "NotOurDatasetError", "SchemaMismatchError", "export_store", "export_stores"]
@@ -277,12 +276,6 @@ def check_free_space(out: Path, rows: Sequence[AttemptRow]) -> None:
 
 
 # ------------------------------------------------------------------------------------------- writing
-def _next_file(chunk: int, file: int) -> tuple[int, int]:
-    from lerobot.datasets.utils import update_chunk_file_indices
-
-    return update_chunk_file_indices(chunk, file, CHUNKS_SIZE)
-
-
 class _VersionWriter:
     """Builds one new dataset version next to the published one."""
 
@@ -325,9 +318,9 @@ class _VersionWriter:
         first_frame = old.total_frames if old else 0
         tasks: dict[str, int] = dict(old.tasks) if old else {}
         written: list[Path] = []
-        videos = {c.name: _VideoFileWriter(build, camera_key(c.name), old.next_videos.get(c.name, (0, 0))
+        videos = {c.name: VideoFileWriter(build, camera_key(c.name), old.next_videos.get(c.name, (0, 0))
                                            if old else (0, 0), self.fps) for c in self.cameras}
-        data = _DataFileWriter(build, self.features, old.next_data if old else (0, 0))
+        data = DataFileWriter(build, self.features, old.next_data if old else (0, 0))
         meta_rows: list[dict[str, Any]] = []  # small per-episode records (stats, indices): kept to the end
         sidecar: list[dict[str, Any]] = []
         frame = first_frame
@@ -346,8 +339,8 @@ class _VersionWriter:
                     instruction = record.get("instruction") or source.fingerprint.task
                     task_index = tasks.setdefault(instruction, len(tasks))
                     spans = {name: writer.add(ep.video[name], frames) for name, writer in videos.items()}
-                    cols = _episode_frames(ep, index, frame, task_index, self.fps, record)
-                    stats = _episode_stats(ep, cols, self.features, self.cameras, self.fp.depth_video)
+                    cols = episode_frames(ep, index, frame, task_index, self.fps, record)
+                    stats = episode_stats(ep, cols, self.features, self.cameras, self.fp.depth_video)
                     data_span = data.add(cols)
                     meta_rows.append({"episode_index": index, "tasks": [instruction], "length": frames,
                                       "dataset_from_index": frame, "dataset_to_index": frame + frames,
@@ -375,17 +368,16 @@ class _VersionWriter:
             written += writer.files
         written += data.files
         self.pause("after_videos")
-        meta_next, files = _write_episode_meta(build, meta_rows, [m.pop("_data") for m in meta_rows],
+        meta_next, files = write_episode_meta(build, meta_rows, [m.pop("_data") for m in meta_rows],
                                                old.next_meta if old else (0, 0))
         written += files
         self.pause("after_data")
 
         # small metadata, rewritten whole: tasks, stats, info, sidecar, marker (last).
-        written += _write_tasks(build, tasks)
-        stats = _aggregate_stats(build, [m["_stats"] for m in meta_rows], old is not None)
-        written.append(stats)
+        written += write_tasks(build, tasks)
+        written.append(write_stats_file(build, [m["_stats"] for m in meta_rows], old is not None))
         total_episodes, total_frames = first_index + len(self.exported), frame
-        written.append(_write_info(build, self.features, self.fps, total_episodes, total_frames, len(tasks)))
+        written.append(write_info(build, self.features, self.fps, total_episodes, total_frames, len(tasks)))
         written.append(append_jsonl(build / SIDECAR, sidecar))
         marker = ExportMarker(version=number, repo_id=self.repo_id, schema=schema_identity(self.fp),
                               total_episodes=total_episodes, total_frames=total_frames, tasks=tasks,
@@ -413,274 +405,3 @@ def _file_checksums(build: Path, old: ExportMarker | None, written: Sequence[Pat
             known = old.files.get(rel) if old is not None and path.resolve() not in fresh else None
             out[rel] = known if known is not None else file_checksum(path)
     return out
-
-
-class _VideoFileWriter:
-    """Remuxes episode streams, one at a time, into one camera's mp4 files (rolling over near VIDEO_FILE_MB)."""
-
-    def __init__(self, build: Path, key: str, start: Sequence[int], fps: int) -> None:
-        self.build, self.key, self.fps = build, key, fps
-        self.chunk, self.file = int(start[0]), int(start[1])
-        self.files: list[Path] = []
-        self._out: Any = None
-        self._out_stream: Any = None
-        self._frames_in_file = 0
-        self._bytes_in_file = 0
-
-    def add(self, data: bytes, length: int) -> tuple[int, int, float, float]:
-        """Append one episode's staged stream; returns its (chunk, file, from_timestamp, to_timestamp)."""
-        from lerobot.datasets.utils import DEFAULT_VIDEO_PATH
-
-        if self._out is not None and self._bytes_in_file + len(data) > VIDEO_FILE_MB * 2**20:
-            self._out.close()
-            self._out = None
-            self.chunk, self.file = _next_file(self.chunk, self.file)
-        src = av.open(io.BytesIO(data), mode="r")
-        try:
-            in_stream = src.streams.video[0]
-            if self._out is None:
-                path = self.build / DEFAULT_VIDEO_PATH.format(video_key=self.key, chunk_index=self.chunk,
-                                                              file_index=self.file)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                self._out = av.open(str(path), mode="w", format="mp4")
-                self._out_stream = self._out.add_stream_from_template(in_stream, opaque=True)  # copy, never encode
-                self.files.append(path)
-                self._frames_in_file = self._bytes_in_file = 0
-            offset_s = self._frames_in_file / self.fps
-            # Encoders with frame reordering start presentation one frame late (an edit list hides it in a
-            # standalone file); shift so this episode's first frame is shown exactly at ``offset_s``.
-            first_pts = min(p.pts for p in src.demux(in_stream) if p.pts is not None)
-            src.seek(0)
-            shift = round(offset_s / in_stream.time_base) - first_pts
-            count = 0
-            for packet in src.demux(in_stream):
-                if packet.dts is None and packet.pts is None:
-                    continue
-                if packet.pts is not None:
-                    packet.pts += shift
-                    count += 1
-                if packet.dts is not None:
-                    packet.dts += shift
-                packet.stream = self._out_stream
-                self._out.mux(packet)
-        finally:
-            src.close()
-        if count != length:
-            raise ExportError(f"{self.key}: staged stream holds {count} frames, the catalog says {length}")
-        span = (self.chunk, self.file, offset_s, (self._frames_in_file + length) / self.fps)
-        self._frames_in_file += length
-        self._bytes_in_file += len(data)
-        return span
-
-    def close(self) -> tuple[int, int]:
-        """Finish the open file; returns the cursor the next export starts at."""
-        if self._out is not None:
-            self._out.close()
-            self._out = None
-        return _next_file(self.chunk, self.file)
-
-
-class _DataFileWriter:
-    """Appends episodes' frames to parquet files (one row group per episode, as LeRobot writes them),
-    converting them in bounded batches and rolling over to a new file near DATA_FILE_MB."""
-
-    BATCH_EPISODES = 32
-    BATCH_BYTES = 16 << 20
-
-    def __init__(self, build: Path, features: Mapping[str, dict], start: Sequence[int]) -> None:
-        self.build, self.features = build, features
-        self.chunk, self.file = int(start[0]), int(start[1])
-        self.files: list[Path] = []
-        self._writer: Any = None
-        self._pending: list[dict[str, Any]] = []
-        self._pending_bytes = 0
-        self._file_bytes = 0
-
-    def add(self, cols: dict[str, Any]) -> tuple[int, int]:
-        """Queue one episode's columns; returns the (chunk, file) its rows go to."""
-        size = sum(np.asarray(v).nbytes for v in cols.values() if isinstance(v, np.ndarray))
-        if self._file_bytes and self._file_bytes + size > DATA_FILE_MB * 2**20:
-            self._flush()
-            self._close_file()
-            self.chunk, self.file = _next_file(self.chunk, self.file)
-        self._pending.append(cols)
-        self._pending_bytes += size
-        self._file_bytes += size
-        if len(self._pending) >= self.BATCH_EPISODES or self._pending_bytes >= self.BATCH_BYTES:
-            self._flush()
-        return self.chunk, self.file
-
-    def _flush(self) -> None:
-        import pyarrow.parquet as pq
-        from lerobot.datasets.utils import DEFAULT_DATA_PATH
-
-        if not self._pending:
-            return
-        table = _hf_table(self._pending, self.features)
-        if self._writer is None:
-            path = self.build / DEFAULT_DATA_PATH.format(chunk_index=self.chunk, file_index=self.file)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(path, schema=table.schema, compression="snappy", use_dictionary=True)
-            self.files.append(path)
-        start_row = 0
-        for cols in self._pending:
-            n = len(cols["index"])
-            self._writer.write_table(table.slice(start_row, n))
-            start_row += n
-        self._pending, self._pending_bytes = [], 0
-
-    def _close_file(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        self._file_bytes = 0
-
-    def close(self) -> tuple[int, int]:
-        self._flush()
-        had_file = self._writer is not None
-        self._close_file()
-        return _next_file(self.chunk, self.file) if had_file else (self.chunk, self.file)
-
-
-def _episode_frames(ep: StagedEpisode, index: int, first_frame: int, task_index: int, fps: int,
-                    record: Mapping[str, Any]) -> dict[str, Any]:
-    n = len(ep.action)
-    cols: dict[str, Any] = {name: values.astype(np.float32) for name, values in ep.state.items()}
-    cols["action"] = ep.action.astype(np.float32)
-    cols["next.reward"] = ep.reward.astype(np.float32)
-    for i, key in enumerate(ANNOTATION_KEYS):
-        cols[annotation_key(key)] = ep.annotations[:, i].astype(np.int64)
-    subtasks = [{"role": "assistant", "content": s.get("instruction") or s["name"], "style": "subtask",
-                 "timestamp": float(np.float32(s["start_step"] / fps)), "camera": None, "tool_calls": None}
-                for s in record.get("segments", [])]
-    cols["language_persistent"] = [subtasks] * n
-    cols["language_events"] = [[] for _ in range(n)]
-    frame_index = np.arange(n, dtype=np.int64)
-    cols["timestamp"] = (frame_index / fps).astype(np.float32)
-    cols["frame_index"] = frame_index
-    cols["episode_index"] = np.full(n, index, dtype=np.int64)
-    cols["index"] = first_frame + frame_index
-    cols["task_index"] = np.full(n, task_index, dtype=np.int64)
-    return cols
-
-
-def _hf_table(rows: Sequence[Mapping[str, Any]], features: Mapping[str, dict]):
-    import datasets
-
-    datasets.disable_progress_bars()  # one bar per export would fill a daemon's log
-    from lerobot.datasets.feature_utils import get_hf_features_from_features
-
-    hf_features = get_hf_features_from_features({k: {**v, "shape": tuple(v["shape"])} for k, v in features.items()})
-    def column(value: Any, key: str) -> list[Any]:
-        if not isinstance(value, np.ndarray):
-            return list(value)
-        return (value.reshape(len(value)) if tuple(features[key]["shape"]) == (1,) else value).tolist()
-
-    merged = {key: [v for r in rows for v in column(r[key], key)] for key in hf_features}
-    return datasets.Dataset.from_dict(merged, features=hf_features, split="train").with_format("arrow")[:]
-
-
-def _stats_columns(stats: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, Any]:
-    return {f"stats/{feature}/{name}": np.asarray(value).tolist()
-            for feature, per in stats.items() for name, value in per.items()}
-
-
-def _write_episode_meta(build: Path, rows: Sequence[dict[str, Any]], data_spans: Sequence[tuple[int, int]],
-                        start: Sequence[int]) -> tuple[tuple[int, int], list[Path]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from lerobot.datasets.utils import DEFAULT_EPISODES_PATH
-
-    chunk, file = int(start[0]), int(start[1])
-    records = []
-    for row, (dchunk, dfile) in zip(rows, data_spans):
-        rec = {k: v for k, v in row.items() if k != "_stats"}
-        rec = {"episode_index": rec.pop("episode_index"), "tasks": rec.pop("tasks"), "length": rec.pop("length"),
-               "data/chunk_index": dchunk, "data/file_index": dfile,
-               "dataset_from_index": rec.pop("dataset_from_index"), "dataset_to_index": rec.pop("dataset_to_index"),
-               **rec, **_stats_columns(row["_stats"]),
-               "meta/episodes/chunk_index": chunk, "meta/episodes/file_index": file}
-        records.append(rec)
-    table = pa.Table.from_pylist(records)
-    path = build / DEFAULT_EPISODES_PATH.format(chunk_index=chunk, file_index=file)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path, compression="snappy")
-    return _next_file(chunk, file), [path]
-
-
-def _episode_stats(ep: StagedEpisode, frames: Mapping[str, Any], features: Mapping[str, dict],
-                   cameras: Sequence[CameraSpec], depth: DepthVideoIdentity | None = None
-                   ) -> dict[str, dict[str, np.ndarray]]:
-    """Per-episode stats through lerobot's own helpers; camera stats from a sample of decoded frames (depth:
-    in metres, dequantized by lerobot, not divided by 255, as lerobot's writer keeps depth stats)."""
-    from lerobot.datasets.compute_stats import (
-        auto_downsample_height_width,
-        compute_episode_stats,
-        get_feature_stats,
-        sample_indices,
-    )
-
-    numeric = {k: np.asarray(v) for k, v in frames.items()
-               if features[k]["dtype"] not in ("video", "language", "string")}
-    numeric = {k: v.reshape(len(v)) if features[k]["shape"] == [1] else v for k, v in numeric.items()}
-    stats = compute_episode_stats(numeric, {k: {**features[k], "shape": tuple(features[k]["shape"])}
-                                            for k in numeric})
-    for camera in cameras:
-        wanted = sample_indices(len(ep.action))
-        if camera.is_depth:
-            assert depth is not None
-            found = {i: dequantize(codes, depth)[..., None]
-                     for i, codes in decode_codes(ep.video[camera.name], wanted).items()}
-        else:
-            found = decode_indices(ep.video[camera.name], wanted)
-        decoded = [found[int(i)] for i in sorted(set(int(i) for i in wanted)) if int(i) in found]
-        # Stride to ~64 px (LeRobot strides to ~150 px): pixel statistics barely move, and image stats were 95%
-        # of export time at 224x224 (tools/bench_export.py).
-        images = np.stack([auto_downsample_height_width(img.transpose(2, 0, 1), target_size=STATS_IMAGE_PX,
-                                                        max_size_threshold=2 * STATS_IMAGE_PX) for img in decoded])
-        per = get_feature_stats(images, axis=(0, 2, 3), keepdims=True)
-        scale = 1.0 if camera.is_depth else 255.0
-        stats[camera_key(camera.name)] = {k: v if k == "count" else np.squeeze(v / scale, axis=0)
-                                          for k, v in per.items()}
-    return stats
-
-
-def _aggregate_stats(build: Path, new: Sequence[Mapping[str, Mapping[str, np.ndarray]]], has_old: bool) -> Path:
-    from lerobot.datasets.compute_stats import aggregate_stats
-    from lerobot.datasets.io_utils import load_stats, write_stats
-    from lerobot.datasets.utils import STATS_PATH
-
-    parts = list(new)
-    if has_old:
-        old = load_stats(build)
-        if old:
-            parts.insert(0, old)
-    stats = aggregate_stats(parts)
-    path = build / STATS_PATH
-    unlink_shared(path)  # a hard link to the published version: replace, never write through
-    write_stats(stats, build)
-    return path
-
-
-def _write_tasks(build: Path, tasks: Mapping[str, int]) -> list[Path]:
-    import pandas as pd
-    from lerobot.datasets.utils import DEFAULT_TASKS_PATH
-
-    path = build / DEFAULT_TASKS_PATH
-    unlink_shared(path)
-    df = pd.DataFrame({"task_index": list(tasks.values())}, index=pd.Index(list(tasks.keys()), name="task"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    df.to_parquet(path)
-    return [path]
-
-
-def _write_info(build: Path, features: Mapping[str, dict], fps: int, episodes: int, frames: int, tasks: int
-                ) -> Path:
-    from lerobot.datasets.utils import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH, INFO_PATH
-
-    info = {"codebase_version": CODEBASE_VERSION, "fps": fps, "features": features, "total_episodes": episodes,
-            "total_frames": frames, "total_tasks": tasks, "chunks_size": CHUNKS_SIZE,
-            "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": VIDEO_FILE_MB,
-            "data_path": DEFAULT_DATA_PATH, "video_path": DEFAULT_VIDEO_PATH,
-            "robot_type": None, "splits": {"train": f"0:{episodes}"}}
-    return write_json(build / INFO_PATH, info)

@@ -221,7 +221,7 @@ def test_unwritable_or_full_target_is_a_clear_error_and_changes_nothing(tmp_path
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(exporter, "_write_tasks", full_disk)
+    monkeypatch.setattr(exporter, "write_tasks", full_disk)
     with pytest.raises(OSError, match="No space left"):
         export_store(store, out)
     monkeypatch.undo()
