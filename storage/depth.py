@@ -21,6 +21,9 @@ from demoforge.storage.video import VideoSource, open_video
 #: x265 prints a banner and a summary per encoder on stderr; quiet it. Only logging: the codes are lossless.
 QUIET_X265 = "log-level=error"
 DEPTH_UNIT = "m"  # what a depth camera records, and the ``depth_unit`` of the exported feature
+#: Near and far of the colour map as percentiles of an episode's depth: robust, so a far background does not
+#: flatten the scene. ``inspect --plot`` and ``demoforge view`` colour depth the same way.
+COLOUR_PERCENTILES = (1.0, 90.0)
 
 
 @functools.cache

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from demoforge.storage.catalog import CATALOG_FILE
-from demoforge.storage.depth import colourise, decode_codes, dequantize
+from demoforge.storage.depth import COLOUR_PERCENTILES, colourise, decode_codes, dequantize
 from demoforge.storage.lerobot_format import INFO, SIDECAR, read_sidecar
 from demoforge.storage.reader import open_store_reader
 from demoforge.storage.schema import READABLE_STATES, AttemptState
@@ -142,7 +142,8 @@ def _depth_range(depths: list[np.ndarray]) -> tuple[float | None, float | None]:
     if not depths:
         return None, None
     values = np.concatenate([d.ravel() for d in depths])
-    return float(np.percentile(values, 1)), float(np.percentile(values, 90))
+    near, far = np.percentile(values, COLOUR_PERCENTILES)
+    return float(near), float(far)
 
 
 # ------------------------------------------------------------------------------------------- picture

@@ -1,6 +1,7 @@
 """Reading encoded camera video back: one place for demuxing and decoding with PyAV.
 
-Sources are the staged stream of one episode (``bytes``, fragmented MP4) or an exported mp4 file (a path).
+Sources are the staged stream of one episode (``bytes``, fragmented MP4), an exported mp4 file (a path), or an
+open binary file (a file the viewer pinned at start and must not look up by path again).
 """
 
 from __future__ import annotations
@@ -9,17 +10,23 @@ import io
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import av
 import av.container
 import numpy as np
 
-VideoSource = bytes | str | Path
+VideoSource = bytes | str | Path | BinaryIO
 
 
 @contextmanager
 def open_video(source: VideoSource) -> Iterator[av.container.InputContainer]:
-    container = av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source), mode="r")
+    if isinstance(source, bytes):
+        container = av.open(io.BytesIO(source), mode="r")
+    elif isinstance(source, (str, Path)):
+        container = av.open(str(source), mode="r")
+    else:
+        container = av.open(source, mode="r")
     try:
         yield container
     finally:
@@ -62,9 +69,11 @@ def decode_indices(source: VideoSource, indices: Iterable[int]) -> dict[int, np.
     return out
 
 
-def decode_span(source: VideoSource, start_s: float, end_s: float, fps: int) -> list[np.ndarray]:
+def decode_span(source: VideoSource, start_s: float, end_s: float, fps: int,
+                pix_fmt: str = "rgb24") -> list[np.ndarray]:
     """The frames shown in ``[start_s, end_s)`` of a file holding several episodes (an exported mp4), seeking
-    to the keyframe before ``start_s`` first. Frame times are multiples of 1/fps: half a frame of slack."""
+    to the keyframe before ``start_s`` first. Frame times are multiples of 1/fps: half a frame of slack.
+    ``pix_fmt="gray12le"`` gives a depth video's 12-bit codes, (H, W) uint16."""
     half = 0.5 / fps
     out: list[np.ndarray] = []
     with open_video(source) as container:
@@ -78,5 +87,5 @@ def decode_span(source: VideoSource, start_s: float, end_s: float, fps: int) -> 
                 continue
             if t >= end_s - half:
                 break
-            out.append(frame.to_ndarray(format="rgb24"))
+            out.append(frame.to_ndarray(format=pix_fmt))
     return out

@@ -7,6 +7,10 @@ A dataset is pinned at open: ``OUT`` (a link to ``OUT.versions/vNNNNNN``) is res
 that version is held open (:class:`~demoforge.storage.viewer.files.PinnedTree`), so a new export while the page
 is open changes nothing it shows. A store is read as a snapshot of its catalog at open (a writer may run on);
 committed episodes are immutable, their camera streams are remuxed to mp4 on demand.
+
+Depth cameras (lossless 12-bit HEVC, which browsers do not play) are shown as colour-mapped H.264 previews
+(``depth_preview``), generated from one episode's frames on demand, for stores and datasets alike, and kept in
+memory: nothing is ever written into the store or dataset.
 """
 
 from __future__ import annotations
@@ -26,13 +30,16 @@ import numpy as np
 from demoforge.storage.viewer.files import PinnedTree, ViewerError
 
 if TYPE_CHECKING:
+    from demoforge.storage.schema import DepthVideoIdentity
     from demoforge.storage.staging import StagedEpisode
+    from demoforge.storage.viewer.depth_preview import DepthPreview
 
 CAMERA_PREFIX = "observation.images."
 SIDECAR = ("meta", "demoforge_episodes.jsonl")
 INFO = ("meta", "info.json")
 MARKER = ("meta", "demoforge.json")
 CURVE_DTYPES = ("float32", "float64")
+DEPTH_CACHE = 16  # a dataset's depth previews kept in memory
 EPISODE_KEY = re.compile(r"[0-9]{1,12}|ep[0-9]{8,}-a[0-9]{2,}")
 
 
@@ -41,9 +48,12 @@ class VideoRef:
     """One camera of one episode: a file the page loads, and where the episode lies in it (seconds)."""
 
     camera: str
-    url: str  # relative to the page: "files/<path in the dataset>" or "media/<episode id>/<camera>.mp4"
+    url: str  # relative to the page: "files/<path in the dataset>" or "media/<episode key>/<camera>.mp4"
     from_s: float
     to_s: float
+    kind: str = "rgb"  # "depth": a colour-mapped preview, near_m (yellow) to far_m (dark blue)
+    near_m: float | None = None
+    far_m: float | None = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +118,7 @@ class ViewerSource(Protocol):
         """Raises KeyError for a key not in :meth:`entries`."""
 
     def media(self, parts: tuple[str, ...]) -> bytes | None:
-        """A generated file under media/ (a store's remuxed camera streams), or None."""
+        """A generated file under media/ (a store's remuxed camera streams, depth previews), or None."""
 
     def media_of(self, key: str) -> list[tuple[str, ...]]:
         """The media/ names an episode's page loads (for the static site)."""
@@ -140,6 +150,59 @@ def _curve_order(name: str) -> tuple[int, str]:
     return (0 if name == "action" else 1 if name.startswith("observation.") else 2, name)
 
 
+class _MediaCache:
+    """The last few generated media files, by URL parts. Generation runs one at a time (one episode's frames
+    in memory at once, however many requests arrive), and a file another request just made is not made again."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[tuple[str, ...], Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self._making = threading.Lock()
+
+    def _get(self, parts: tuple[str, ...]) -> Any:
+        with self._lock:
+            if parts in self._items:
+                self._items.move_to_end(parts)
+                return self._items[parts]
+        return None
+
+    def get_or_make(self, parts: tuple[str, ...], make: Callable[[], Any]) -> Any:
+        found = self._get(parts)
+        if found is not None:
+            return found
+        with self._making:
+            found = self._get(parts)
+            if found is not None:
+                return found
+            made = make()
+        with self._lock:
+            self._items[parts] = made
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return made
+
+
+def _depth_preview(codes: Callable[[], list[np.ndarray]], identity: DepthVideoIdentity, fps: int, length: int,
+                   what: str) -> DepthPreview:
+    """The preview of one episode's depth camera; ``what`` names it in errors ("episode 3, camera front")."""
+    import av
+
+    from demoforge.storage.viewer.depth_preview import encode_preview
+
+    try:
+        frames = codes()
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        raise ViewerError(f"{what}: cannot decode the depth video: {type(exc).__name__}: {exc}") from None
+    if len(frames) != length:
+        raise ViewerError(f"{what}: the depth video has {len(frames)} frame(s) for this episode, the episode has "
+                          f"{length}; the depth preview is not shown")
+    try:
+        return encode_preview(np.stack(frames), identity, fps)
+    except (av.error.FFmpegError, ValueError) as exc:
+        raise ViewerError(f"{what}: cannot encode the depth preview: {type(exc).__name__}: {exc}") from None
+
+
 # ---------------------------------------------------------------------------------------------- dataset
 class DatasetSource:
     """A LeRobot v3.0 dataset; segments come from demoforge's sidecar when there is one."""
@@ -162,6 +225,8 @@ class DatasetSource:
     def _load(self, path: Path, version_dir: Path) -> None:
         import pyarrow.parquet as pq
 
+        from demoforge.storage.viewer.depth_preview import identity_of_feature
+
         if self.files.get(INFO) is None:
             raise ViewerError(f"{path}: meta/info.json is not a regular file")
         info = json.loads(self.files.read(INFO))
@@ -170,6 +235,9 @@ class DatasetSource:
         self._video_path = str(info.get("video_path") or "")
         self._data_path = str(info["data_path"])
         self.video_keys = [k for k, f in features.items() if f.get("dtype") == "video"]
+        self._depth = {k: identity for k in self.video_keys
+                       if (identity := identity_of_feature(features[k].get("info") or {})) is not None}
+        self._media = _MediaCache(DEPTH_CACHE)
         self.curve_keys = sorted((k for k, f in features.items()
                                   if f.get("dtype") in CURVE_DTYPES and k != "timestamp"), key=_curve_order)
         marker = json.loads(self.files.read(MARKER)) if self.files.get(MARKER) else {}
@@ -228,8 +296,13 @@ class DatasetSource:
             rel = self._video_path.format(video_key=vkey, chunk_index=int(chunk), file_index=int(file))
             if self.files.get(tuple(rel.split("/"))) is None:
                 continue  # only files pinned at open are ever served
-            videos.append(VideoRef(vkey.removeprefix(CAMERA_PREFIX), "files/" + rel,
-                                   float(row[f"videos/{vkey}/from_timestamp"]),
+            camera = vkey.removeprefix(CAMERA_PREFIX)
+            if vkey in self._depth:
+                preview = self._depth_preview(index, vkey)
+                videos.append(VideoRef(camera, f"media/{key}/{camera}.mp4", 0.0, preview.frames / self.fps,
+                                       "depth", preview.near_m, preview.far_m))
+                continue
+            videos.append(VideoRef(camera, "files/" + rel, float(row[f"videos/{vkey}/from_timestamp"]),
                                    float(row[f"videos/{vkey}/to_timestamp"])))
         return EpisodeView(self._by_key[key], self._records.get(index, {}), self._curves(index, row), tuple(videos))
 
@@ -257,11 +330,34 @@ class DatasetSource:
             curves.append(Curve(key, _finite_rows(values)))
         return tuple(curves)
 
+    def _depth_preview(self, index: int, vkey: str) -> DepthPreview:
+        """Decodes only this episode's span of the camera's shared file (LeRobot concatenates episodes)."""
+        from demoforge.storage.video import decode_span
+
+        row, identity = self._episodes[index], self._depth[vkey]
+        rel = self._video_path.format(video_key=vkey, chunk_index=int(row[f"videos/{vkey}/chunk_index"]),
+                                      file_index=int(row[f"videos/{vkey}/file_index"]))
+        start, end = float(row[f"videos/{vkey}/from_timestamp"]), float(row[f"videos/{vkey}/to_timestamp"])
+        camera = vkey.removeprefix(CAMERA_PREFIX)
+
+        def codes() -> list[np.ndarray]:
+            return decode_span(self.files.reader(tuple(rel.split("/"))), start, end, self.fps, identity.pix_fmt)
+
+        return self._media.get_or_make((str(index), f"{camera}.mp4"), lambda: _depth_preview(
+            codes, identity, self.fps, int(row["length"]), f"episode {index}, camera {camera}"))
+
     def media(self, parts: tuple[str, ...]) -> bytes | None:
-        return None
+        if len(parts) != 2 or parts not in self.media_of(parts[0]):
+            return None
+        vkey = CAMERA_PREFIX + parts[1].removesuffix(".mp4")
+        return self._depth_preview(int(parts[0]), vkey).mp4
 
     def media_of(self, key: str) -> list[tuple[str, ...]]:
-        return []
+        if not key.isdigit() or int(key) not in self._episodes or str(int(key)) != key:
+            return []
+        row = self._episodes[int(key)]
+        return [(key, f"{vkey.removeprefix(CAMERA_PREFIX)}.mp4") for vkey in self._depth
+                if row.get(f"videos/{vkey}/chunk_index") is not None]
 
     def close(self) -> None:
         self.files.close()
@@ -281,8 +377,8 @@ def _row_groups_holding(parquet: Any, column: int, value: int) -> list[int]:
 class StoreSource:
     """A job store: every attempt in the catalog (committed, exported, discarded, quarantined, in progress)."""
 
-    files: PinnedTree | None = None  # a store serves no files, only remuxed streams
-    CACHE = 16  # remuxed camera streams kept in memory
+    files: PinnedTree | None = None  # a store serves no files, only remuxed streams and depth previews
+    CACHE = 16  # remuxed camera streams and depth previews kept in memory
 
     def __init__(self, path: Path) -> None:
         from demoforge.storage.errors import StoreError
@@ -296,12 +392,13 @@ class StoreSource:
             raise ViewerError(str(exc)) from None
         self.fps = int(fingerprint.fps)
         self.cameras = tuple(c.name for c in fingerprint.cameras)
+        self._depth_cameras = {c.name for c in fingerprint.cameras if c.is_depth}
+        self._depth_identity = fingerprint.depth_video
         self._rows = {r.episode_id: r for r in rows if EPISODE_KEY.fullmatch(r.episode_id)}
         self._entries = [self._entry(r) for r in self._rows.values()]
         self.summary = SourceSummary("store", path.name, str(path), None, self.fps, self.cameras,
                                      fingerprint.task, ("a snapshot of the catalog when the viewer started",))
-        self._cache: OrderedDict[tuple[str, ...], bytes] = OrderedDict()
-        self._lock = threading.Lock()
+        self._media = _MediaCache(self.CACHE)
 
     @staticmethod
     def _entry(row: Any) -> EpisodeEntry:
@@ -338,8 +435,28 @@ class StoreSource:
         curves += [Curve(name, _finite_rows(values)) for name, values in staged.state.items()]
         curves.append(Curve("next.reward", _finite_rows(staged.reward)))
         duration = entry.length / self.fps
-        videos = tuple(VideoRef(camera, f"media/{key}/{camera}.mp4", 0.0, duration) for camera in self.cameras)
-        return EpisodeView(entry, record, tuple(sorted(curves, key=lambda c: _curve_order(c.name))), videos)
+        videos = []
+        for camera in self.cameras:
+            if camera in self._depth_cameras:
+                preview = self._depth_preview(key, camera, staged)
+                videos.append(VideoRef(camera, f"media/{key}/{camera}.mp4", 0.0, duration, "depth",
+                                       preview.near_m, preview.far_m))
+            else:
+                videos.append(VideoRef(camera, f"media/{key}/{camera}.mp4", 0.0, duration))
+        return EpisodeView(entry, record, tuple(sorted(curves, key=lambda c: _curve_order(c.name))), tuple(videos))
+
+    def _depth_preview(self, key: str, camera: str, staged: StagedEpisode | None = None) -> DepthPreview:
+        from demoforge.storage.depth import iter_codes
+
+        identity = self._depth_identity
+        if identity is None:
+            raise ViewerError(f"the store's job fingerprint has depth camera {camera!r} but no depth settings")
+
+        def codes() -> list[np.ndarray]:
+            return list(iter_codes((staged or self._read(key)).video[camera], identity.pix_fmt))
+
+        return self._media.get_or_make((key, f"{camera}.mp4"), lambda: _depth_preview(
+            codes, identity, self.fps, self._entry(self._rows[key]).length, f"attempt {key}, camera {camera}"))
 
     def media_of(self, key: str) -> list[tuple[str, ...]]:
         entry = self._entry(self._rows[key])
@@ -350,16 +467,10 @@ class StoreSource:
 
         if len(parts) != 2 or parts[0] not in self._rows or parts not in self.media_of(parts[0]):
             return None
-        with self._lock:
-            if parts in self._cache:
-                self._cache.move_to_end(parts)
-                return self._cache[parts]
-        data = remux_to_mp4(self._read(parts[0]).video[parts[1].removesuffix(".mp4")])
-        with self._lock:
-            self._cache[parts] = data
-            while len(self._cache) > self.CACHE:
-                self._cache.popitem(last=False)
-        return data
+        camera = parts[1].removesuffix(".mp4")
+        if camera in self._depth_cameras:
+            return self._depth_preview(parts[0], camera).mp4
+        return self._media.get_or_make(parts, lambda: remux_to_mp4(self._read(parts[0]).video[camera]))
 
     def close(self) -> None:
         pass

@@ -163,6 +163,7 @@
       const video = el("video", { muted: true, playsInline: true, preload: "auto", src: v.url });
       video.dataset.camera = v.camera;
       video.dataset.from = String(v.from_s);
+      video.dataset.kind = v.kind;
       video.addEventListener("loadedmetadata", () => { if (!state.playing) placeVideos(); });
       video.addEventListener("seeked", () => { if (!state.playing) updateUi(); });
       video.addEventListener("error", () => {
@@ -174,8 +175,11 @@
     if (state.videos.length) { // animation frames stop in a hidden tab; the end of the episode must not
       state.videos[0].video.addEventListener("timeupdate", () => { if (state.playing && atEnd()) stopAtEnd(); });
     }
-    $("videos").replaceChildren(...state.videos.map((v) => el("figure", {}, [v.video, el("figcaption", { textContent: v.camera })])));
+    $("videos").replaceChildren(...state.videos.map((v) => el("figure", {}, [v.video, el("figcaption", { textContent: cameraLabel(v) })])));
   }
+
+  // a depth preview's colours run from yellow (near_m and nearer) to dark blue (far_m and farther)
+  const cameraLabel = (v) => (v.kind === "depth" ? `${v.camera} · depth ${v.near_m.toFixed(2)}–${v.far_m.toFixed(2)} m` : v.camera);
 
   // -------------------------------------------------------------------------------------- the clock
   const duration = () => state.length / state.fps;
