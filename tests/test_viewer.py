@@ -1,12 +1,14 @@
 """``demoforge view`` in a real browser: Debian's chromium driven headless by selenium through chromium-driver
 (both installed by tools/setup.sh), on a generated fetch-pick-place dataset (AV1, LeRobot's default codec),
-served and as a static folder opened from disk; a store with discarded attempts (h264); hostile requests;
-a dataset published anew while the viewer is open."""
+served and as a static folder opened from disk; a store with discarded attempts (h264); a depth camera's
+colour-mapped preview (store, dataset, static folder, browser); hostile requests; a dataset published anew
+while the viewer is open."""
 
 from __future__ import annotations
 
 import dataclasses
 import http.client
+import io
 import json
 import os
 import shutil
@@ -18,6 +20,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -411,6 +414,174 @@ def test_cameras_play_side_by_side_in_sync(tmp_path, browser):
         assert max(gaps) <= 1.5 / fps, gaps  # the second camera follows the first within a frame and a half
         browser.find_element(By.TAG_NAME, "body").send_keys(Keys.SPACE)
         wait(browser, lambda d: (v := js(d, both)) and all(x[1] and not x[2] for x in v) and v[0][0] == v[1][0])
+
+
+# ---------------------------------------------------------------------------------------------- depth
+@pytest.fixture(scope="module")
+def depth_fetch(tmp_path_factory):
+    """2 fetch-pick-place episodes with a depth camera (lossless 12-bit HEVC, which Chromium does not play),
+    exported; the staged depth codes of each episode, read straight from the store, are the reference."""
+    from demoforge.storage import depth as depth_video
+    from demoforge.storage.reader import open_store_reader
+
+    base = tmp_path_factory.mktemp("depth")
+    store, dataset = base / "store", base / "dataset"
+    result = run_cli("generate", "--task", "fetch-pick-place", "--episodes", "2", *FETCH_OPTIONS,
+                     "--option", "depth=true", "--store", str(store), "--export", str(dataset))
+    assert result.returncode == 0, result.stderr
+    codes, ids = {}, {}
+    with open_store_reader(store) as view:
+        fingerprint, staging = view.require_job()
+        for row in view.catalog.committed():
+            staged = staging.read_episode(row.episode_id, row.frames, row.video_bytes)
+            codes[row.dataset_index] = np.stack(list(depth_video.iter_codes(staged.video["front_depth"])))
+            ids[row.dataset_index] = row.episode_id
+    version = dataset.resolve()
+    episodes = pq.read_table(version / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
+    records = [json.loads(line) for line in (version / "meta/demoforge_episodes.jsonl").read_text().splitlines()]
+    return {"store": store, "dataset": dataset, "codes": codes, "ids": ids, "identity": fingerprint.depth_video,
+            "fps": fingerprint.fps, "episodes": episodes, "records": records}
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    """Every entry under ``root`` (following the dataset's OUT link once): size and modification time. SQLite's
+    shared-memory index (``-shm``) is left out: every reader of a WAL catalog maps and touches it."""
+    root = root.resolve()
+    return {str(p.relative_to(root.parent)): (p.lstat().st_size, p.lstat().st_mtime_ns)
+            for p in [root, *root.rglob("*")] if not p.name.endswith("-shm")}
+
+
+def episode_payload(port: int, key: str) -> dict:
+    status, _headers, body = request(port, f"/data/episode-{key}.js")
+    assert status == 200
+    return json.loads(body.decode().split(", ", 1)[1].rsplit(");", 1)[0])
+
+
+def check_depth_preview(data: bytes, codes: np.ndarray, identity, fps: int, near: float, far: float) -> None:
+    """H.264 a browser plays, one frame per episode frame at i / fps, and the colours of
+    ``colourise(dequantize(codes), near, far)`` (the map ``inspect --plot`` draws) up to codec loss."""
+    import av
+
+    from demoforge.storage import depth as depth_video
+
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        assert stream.codec_context.name == "h264" and stream.codec_context.pix_fmt == "yuv420p"
+        decoded = [(float(f.pts * f.time_base), f.to_ndarray(format="rgb24")) for f in container.decode(stream)]
+    assert len(decoded) == len(codes)
+    assert [round(t * fps, 3) for t, _ in decoded] == list(range(len(codes)))
+    for i in (0, len(codes) // 2, len(codes) - 1):
+        expected = depth_video.colourise(depth_video.dequantize(codes[i], identity), near, far).astype(int)
+        got = decoded[i][1].astype(int)
+        assert got.shape == expected.shape
+        assert np.abs(got - expected).mean() < 6, i  # the whole frame, edges (chroma subsampling) included
+        # Pixels inside areas of one colour (4:2:0 blurs colour only across edges), from every part of the range.
+        h, w = codes[i].shape
+        flat = [(y, x) for y in range(3, h - 3, 3) for x in range(3, w - 3, 3)
+                if np.ptp(expected[y - 3:y + 4, x - 3:x + 4].reshape(-1, 3), axis=0).max() <= 2]
+        metres = depth_video.dequantize(codes[i], identity)
+        assert len({round(float(metres[y, x]), 1) for y, x in flat}) >= 3, "samples cover several distances"
+        for y, x in flat:
+            assert np.abs(got[y, x] - expected[y, x]).max() <= 10, (i, y, x, got[y, x], expected[y, x])
+
+
+def test_depth_previews_from_store_and_dataset_are_colour_mapped_h264_and_nothing_is_written(depth_fetch, tmp_path):
+    from demoforge.storage import depth as depth_video
+
+    fps, identity = depth_fetch["fps"], depth_fetch["identity"]
+    store, dataset = depth_fetch["store"], depth_fetch["dataset"]
+    before = {**tree_state(store), **tree_state(dataset)}
+    links = {dataset: os.readlink(dataset)}
+    ranges = {}
+    for path in (store, dataset):
+        source = open_source(path)
+        server = ViewerServer(source, "127.0.0.1", 0).start()
+        try:
+            for index, codes in depth_fetch["codes"].items():
+                key = depth_fetch["ids"][index] if path == store else str(index)
+                videos = episode_payload(server.port, key)["videos"]
+                assert [(v["camera"], v["kind"]) for v in videos] == [("front", "rgb"), ("front_depth", "depth")]
+                depth = videos[1]
+                assert depth["url"] == f"media/{key}/front_depth.mp4" and depth["from_s"] == 0.0
+                # One range for the whole episode: its 1st and 90th percentile, pixels with no depth in range
+                # (the sky, at depth_max) left out.
+                metres = depth_video.dequantize(codes, identity)
+                inside = metres[(codes > 0) & (codes < 4095)]
+                expected = np.percentile(inside, depth_video.COLOUR_PERCENTILES, method="inverted_cdf")
+                assert (depth["near_m"], depth["far_m"]) == pytest.approx(tuple(expected), abs=1e-6)
+                assert 0.1 < depth["near_m"] < depth["far_m"] < identity.depth_max
+                status, headers, data = request(server.port, "/" + depth["url"])
+                assert status == 200 and headers["Content-Type"] == "video/mp4"
+                check_depth_preview(data, codes, identity, fps, depth["near_m"], depth["far_m"])
+                status, headers, part = request(server.port, "/" + depth["url"], headers={"Range": "bytes=0-99"})
+                assert status == 206 and part == data[:100]  # seekable like the other videos
+                ranges[(path, index)] = (depth["near_m"], depth["far_m"])
+            assert request(server.port, "/media/7/front_depth.mp4")[0] == 404
+            assert request(server.port, f"/media/{key}/front_depth.webm")[0] == 404
+        finally:
+            server.close()
+            source.close()
+    assert ranges[(store, 1)] == ranges[(dataset, 1)]  # episode 1 lies mid-file in the dataset: its span only
+
+    # The static folder carries the previews as files, like a store's remuxed streams.
+    for path in (store, dataset):
+        site = tmp_path / f"site-{path.name}"
+        result = run_cli("view", str(path), "--html", str(site))
+        assert result.returncode == 0, result.stderr
+        for index, codes in depth_fetch["codes"].items():
+            key = depth_fetch["ids"][index] if path == store else str(index)
+            near, far = ranges[(path, index)]
+            check_depth_preview((site / f"media/{key}/front_depth.mp4").read_bytes(), codes, identity, fps, near, far)
+    # Read-only: not a file added, changed or touched in the store or the dataset.
+    assert {**tree_state(store), **tree_state(dataset)} == before
+    assert {dataset: os.readlink(dataset)} == links
+
+
+def test_depth_camera_plays_and_seeks_in_browser(depth_fetch, browser):
+    from selenium.webdriver.common.by import By
+
+    from demoforge.storage import depth as depth_video
+
+    fps, index = depth_fetch["fps"], 1
+    record, codes = depth_fetch["records"][index], depth_fetch["codes"][index]
+    offset = depth_fetch["episodes"][index]["videos/observation.images.front/from_timestamp"]
+    assert offset > 0  # the depth preview covers only this episode: it starts at 0, the RGB file does not
+    source = open_source(depth_fetch["dataset"])
+    try:
+        depth = source.episode(str(index)).videos[1]
+    finally:
+        source.close()
+    videos = """return [...document.querySelectorAll('#videos video')].map(v => ({kind: v.dataset.kind,
+        t: v.currentTime, ready: v.readyState, seeking: v.seeking, error: v.error && v.error.message,
+        duration: v.duration}));"""
+
+    def both_settled(d):
+        states = js(d, videos)
+        assert all(s["error"] is None for s in states), states
+        return len(states) == 2 and all(s["ready"] >= 2 and not s["seeking"] for s in states) and states
+
+    with served(depth_fetch["dataset"]) as server:
+        browser.get(f"{server.url}#episode={index}")
+        states = wait(browser, both_settled, message="RGB and depth videos load")
+        assert [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#videos figcaption")] == \
+            ["front", f"front_depth · depth {depth.near_m:.2f}–{depth.far_m:.2f} m"]
+        assert [s["kind"] for s in states] == ["rgb", "depth"]
+        assert abs(states[1]["duration"] - record["length"] / fps) <= 1 / fps, states
+        segment = record["segments"][2]
+        browser.find_elements(By.CSS_SELECTOR, "#timeline .seg")[2].click()
+        rgb, shown = wait(browser, lambda d: (s := both_settled(d)) and
+                          abs(s[1]["t"] - segment["start_step"] / fps) <= 0.5 / fps and s, message="depth seeks")
+        assert abs(rgb["t"] - (offset + segment["start_step"] / fps)) <= 0.5 / fps
+        # What Chromium shows is the colour map of that frame's depth.
+        picture = np.array(js(browser, """const v = document.querySelector('#videos video[data-kind=depth]');
+            const c = document.createElement('canvas'); c.width = v.videoWidth; c.height = v.videoHeight;
+            const g = c.getContext('2d'); g.drawImage(v, 0, 0);
+            return Array.from(g.getImageData(0, 0, c.width, c.height).data);"""), dtype=int)
+        h, w = codes.shape[1:]
+        picture = picture.reshape(h, w, 4)[..., :3]
+        expected = depth_video.colourise(depth_video.dequantize(codes[segment["start_step"]], depth_fetch["identity"]),
+                                         depth.near_m, depth.far_m).astype(int)
+        assert np.abs(picture - expected).mean() < 10
 
 
 # ------------------------------------------------------------------------------------------- serving
