@@ -5,7 +5,8 @@
     data/index.js                   what was opened and the episode list
     data/episode-<key>.js           one episode: record, segments, curves, videos
     files/<path in the dataset>     a pinned file of the dataset version (videos)
-    media/<episode id>/<camera>.mp4 a store's staged camera stream, remuxed
+    media/<episode key>/<camera>.mp4 a store's staged camera stream, remuxed; a depth camera's colour-mapped
+                                    preview (stores and datasets)
 
 Data comes as small scripts that call ``DemoforgeViewer.receive(name, payload)`` rather than as JSON: a page
 opened from disk (file://) may load scripts but may not fetch files.

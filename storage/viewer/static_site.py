@@ -2,7 +2,7 @@
 
 The folder mirrors the server's URL space (see ``pages``): the page, its assets, one data script per episode,
 and the video files the episodes play (a dataset's mp4 files copied from the pinned version; a store's
-streams remuxed). It is built beside ``OUT_DIR`` and renamed into place, so a crash never leaves half a site.
+streams remuxed; depth cameras' colour-mapped previews). It is built beside ``OUT_DIR`` and renamed into place, so a crash never leaves half a site.
 """
 
 from __future__ import annotations
