@@ -537,6 +537,32 @@ def test_depth_previews_from_store_and_dataset_are_colour_mapped_h264_and_nothin
     assert {dataset: os.readlink(dataset)} == links
 
 
+def test_a_broken_depth_video_is_a_clear_error_not_a_crash(depth_fetch, tmp_path):
+    """A dataset whose depth file was cut short: the episode's page request fails (500) while the server lives
+    on and its RGB files are still served; ``--html`` stops with a few lines naming the episode and camera."""
+    from demoforge.storage.viewer.files import ViewerError
+
+    root = tmp_path / "cut"
+    shutil.copytree(depth_fetch["dataset"].resolve(), root)
+    video = root / "videos/observation.images.front_depth/chunk-000/file-000.mp4"
+    data = video.read_bytes()
+    video.write_bytes(data[:len(data) // 2])
+    source = open_source(root)
+    server = ViewerServer(source, "127.0.0.1", 0).start()
+    try:
+        with pytest.raises(ViewerError, match="episode 1, camera front_depth"):
+            source.episode("1")
+        assert request(server.port, "/data/episode-1.js")[0] == 500
+        assert request(server.port, "/media/1/front_depth.mp4")[0] == 500
+        assert request(server.port, "/files/videos/observation.images.front/chunk-000/file-000.mp4")[0] == 200
+    finally:
+        server.close()
+        source.close()
+    result = run_cli("view", str(root), "--html", str(tmp_path / "site"))
+    assert result.returncode == 2 and "camera front_depth" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "site").exists()
+
+
 def test_depth_camera_plays_and_seeks_in_browser(depth_fetch, browser):
     from selenium.webdriver.common.by import By
 

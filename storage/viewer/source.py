@@ -184,8 +184,9 @@ class _MediaCache:
 
 
 def _depth_preview(codes: Callable[[], list[np.ndarray]], identity: DepthVideoIdentity, fps: int, length: int,
-                   what: str) -> DepthPreview:
-    """The preview of one episode's depth camera; ``what`` names it in errors ("episode 3, camera front")."""
+                   what: str, check: str) -> DepthPreview:
+    """The preview of one episode's depth camera; ``what`` names it in errors ("episode 3, camera front"),
+    ``check`` is the command that checks the files it comes from."""
     import av
 
     from demoforge.storage.viewer.depth_preview import encode_preview
@@ -193,10 +194,11 @@ def _depth_preview(codes: Callable[[], list[np.ndarray]], identity: DepthVideoId
     try:
         frames = codes()
     except (av.error.FFmpegError, OSError, ValueError) as exc:
-        raise ViewerError(f"{what}: cannot decode the depth video: {type(exc).__name__}: {exc}") from None
+        raise ViewerError(f"{what}: cannot decode the depth video ({type(exc).__name__}: {exc}); nothing was "
+                          f"written; `{check}` checks its files") from None
     if len(frames) != length:
         raise ViewerError(f"{what}: the depth video has {len(frames)} frame(s) for this episode, the episode has "
-                          f"{length}; the depth preview is not shown")
+                          f"{length}; nothing was written; `{check}` checks its files")
     try:
         return encode_preview(np.stack(frames), identity, fps)
     except (av.error.FFmpegError, ValueError) as exc:
@@ -344,7 +346,8 @@ class DatasetSource:
             return decode_span(self.files.reader(tuple(rel.split("/"))), start, end, self.fps, identity.pix_fmt)
 
         return self._media.get_or_make((str(index), f"{camera}.mp4"), lambda: _depth_preview(
-            codes, identity, self.fps, int(row["length"]), f"episode {index}, camera {camera}"))
+            codes, identity, self.fps, int(row["length"]), f"episode {index}, camera {camera}",
+            f"demoforge verify {self.summary.location}"))
 
     def media(self, parts: tuple[str, ...]) -> bytes | None:
         if len(parts) != 2 or parts not in self.media_of(parts[0]):
@@ -456,7 +459,8 @@ class StoreSource:
             return list(iter_codes((staged or self._read(key)).video[camera], identity.pix_fmt))
 
         return self._media.get_or_make((key, f"{camera}.mp4"), lambda: _depth_preview(
-            codes, identity, self.fps, self._entry(self._rows[key]).length, f"attempt {key}, camera {camera}"))
+            codes, identity, self.fps, self._entry(self._rows[key]).length, f"attempt {key}, camera {camera}",
+            f"demoforge verify --store {self.summary.location}"))
 
     def media_of(self, key: str) -> list[tuple[str, ...]]:
         entry = self._entry(self._rows[key])
