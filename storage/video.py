@@ -62,9 +62,11 @@ def decode_indices(source: VideoSource, indices: Iterable[int]) -> dict[int, np.
     return out
 
 
-def decode_span(source: VideoSource, start_s: float, end_s: float, fps: int) -> list[np.ndarray]:
+def decode_span(source: VideoSource, start_s: float, end_s: float, fps: int,
+                pix_fmt: str = "rgb24") -> list[np.ndarray]:
     """The frames shown in ``[start_s, end_s)`` of a file holding several episodes (an exported mp4), seeking
-    to the keyframe before ``start_s`` first. Frame times are multiples of 1/fps: half a frame of slack."""
+    to the keyframe before ``start_s`` first. Frame times are multiples of 1/fps: half a frame of slack.
+    ``pix_fmt="gray12le"`` gives a depth video's 12-bit codes, (H, W) uint16."""
     half = 0.5 / fps
     out: list[np.ndarray] = []
     with open_video(source) as container:
@@ -78,5 +80,5 @@ def decode_span(source: VideoSource, start_s: float, end_s: float, fps: int) -> 
                 continue
             if t >= end_s - half:
                 break
-            out.append(frame.to_ndarray(format="rgb24"))
+            out.append(frame.to_ndarray(format=pix_fmt))
     return out
