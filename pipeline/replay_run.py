@@ -290,16 +290,16 @@ def print_report(report: ReplayReport, console: Any) -> None:
     from rich.table import Table
 
     table = Table(title=f"replay of {report.source} ({report.kind}, task {report.task})")
-    images = bool(report.settings["images"])
+    with_images = bool(report.settings["images"])
     columns = ["episode", "seed", "frames", "verdict", "first divergence", "error", "max |diff| (all frames)"]
-    for col in columns + (["cameras (lowest PSNR; depth)"] if images else []):
+    for col in columns + (["cameras (lowest PSNR; depth)"] if with_images else []):
         table.add_column(col, overflow="fold")
     style = {REPRODUCED: "green", DIVERGED: "red", ERROR: "yellow"}
     for v in report.episodes:
         worst = max(v.max_errors.values(), default=None)
         row = [str(v.number), str(v.seed), str(v.frames), f"[{style[v.verdict]}]{v.verdict}[/]", _where(v),
                _error_text(v), "-" if worst is None else f"{worst:.3g}"]
-        table.add_row(*row, *([camera_text(v)] if images else []))
+        table.add_row(*row, *([camera_text(v)] if with_images else []))
     if report.episodes:
         console.print(table)
     for v in report.episodes:
