@@ -103,6 +103,9 @@ class EpisodeSource:
         """The stored video of one depth camera of one episode as its 12-bit codes, (H, W) uint16 frames."""
         raise NotImplementedError
 
+    def _depth_pix_fmt(self) -> str:
+        return self.schema.depth_video.pix_fmt if self.schema.depth_video is not None else "gray12le"
+
     def close(self) -> None:
         pass
 
@@ -170,9 +173,6 @@ class StoreSource(EpisodeSource):
         from demoforge.storage.depth import iter_codes
 
         return list(iter_codes(episode.videos[camera], self._depth_pix_fmt()))
-
-    def _depth_pix_fmt(self) -> str:
-        return self.schema.depth_video.pix_fmt if self.schema.depth_video is not None else "gray12le"
 
     def close(self) -> None:
         self._store.close()
@@ -291,8 +291,7 @@ class DatasetSource(EpisodeSource):
 
     def depth_codes(self, episode: RecordedEpisode, camera: str) -> list[np.ndarray]:
         """The episode's span of the shared depth mp4, decoded to codes as for RGB (the remux keeps them)."""
-        identity = self.schema.depth_video
-        return self._camera_span(episode, camera, identity.pix_fmt if identity is not None else "gray12le")
+        return self._camera_span(episode, camera, self._depth_pix_fmt())
 
     def _camera_span(self, episode: RecordedEpisode, camera: str, pix_fmt: str) -> list[np.ndarray]:
         key = camera_key(camera)
