@@ -664,7 +664,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, default=None,
                    help="relative tolerance for states and rewards (None: the task's)")
     p.add_argument("--images", action="store_true",
-                   help="also compare every re-rendered camera frame with the stored video by PSNR")
+                   help="also compare every re-rendered camera frame with the stored video: RGB by PSNR, depth "
+                        "cameras' 12-bit codes exactly")
     p.add_argument("--min-psnr", type=float, default=None, metavar="DB",
                    help="lowest PSNR a stored frame may have with --images (None: the codec's threshold)")
     p.add_argument("--workers", type=int, default=1, help="episodes replayed in parallel worker processes")

@@ -6,7 +6,9 @@ planned at the same steps, their action generators consumed in lockstep, validat
 because planning may change the env (fetch-pick-place draws each cycle's goal from the env's seeded
 generator when the cycle is planned); the actions stepped are always the recorded ones. Compared, within
 tolerances: every state feature recorded before each action, each reward, the terminated/truncated flags,
-the final success check, and with ``images`` every camera frame against the stored video (PSNR).
+the final success check, and with ``images`` every camera frame against the stored video: RGB by PSNR (the
+codec is lossy), depth exactly (the re-rendered metres quantized as stored must give the stored 12-bit codes,
+which the lossless codec keeps bit for bit).
 
 Where the first divergence is reported: a frame whose recorded observation disagrees while the simulation
 agrees with the frames on both sides of it is a bad *observation* (the stored data, not the simulation); a
@@ -35,6 +37,7 @@ from demoforge.pipeline.contract import (
 )
 from demoforge.pipeline.provenance import library_versions, version_differences
 from demoforge.storage.episode_source import EpisodeRef, EpisodeSource, RecordedEpisode
+from demoforge.storage.schema import DepthVideoIdentity
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # replay workers render offscreen like generation does
 
@@ -88,8 +91,9 @@ class Divergence:
     ``kind``: ``reset`` (the first observation after reset differs), ``observation`` (one recorded
     observation differs from a simulation that agrees before and after it), ``step`` (stepping this frame's
     action went elsewhere: the next observation, the reward or the flags differ), ``image`` (a stored camera
-    frame is below the PSNR threshold), ``success`` (the final success check differs), ``error`` (the env
-    raised while stepping this frame).
+    frame is below the PSNR threshold), ``depth`` (a stored depth frame's codes differ from the re-rendered
+    depth's: any difference, the codec is lossless), ``success`` (the final success check differs),
+    ``error`` (the env raised while stepping this frame).
     """
 
     frame: int
@@ -99,10 +103,12 @@ class Divergence:
     kind: str
     feature: str
     index: list[int] | None
-    error: float | None  # largest |replayed - recorded| of the feature at that frame (PSNR in dB for images)
+    error: float | None  # largest |replayed - recorded| of the feature at that frame (PSNR in dB for images,
+    # metres for depth)
     recorded: float | None
     replayed: float | None
     detail: str
+    pixels: int | None = None  # depth: how many pixels of that frame differ from the stored codes
 
 
 @dataclass(frozen=True)
@@ -116,7 +122,8 @@ class EpisodeVerdict:
     divergence: Divergence | None = None
     mismatched_frames: int = 0  # frames with any check outside tolerance
     max_errors: Mapping[str, float] = field(default_factory=dict)  # per feature, over the episode
-    min_psnr_db: Mapping[str, float] = field(default_factory=dict)  # per camera (with images)
+    min_psnr_db: Mapping[str, float] = field(default_factory=dict)  # per RGB camera (with images)
+    depth_differing_frames: Mapping[str, int] = field(default_factory=dict)  # per depth camera (0: exact)
     expert: str | None = None  # whether the task's expert, replayed, computes the recorded actions
     versions: Mapping[str, str] | None = None  # as recorded with the episode
     version_differences: tuple[str, ...] = ()
@@ -128,7 +135,13 @@ class EpisodeVerdict:
         out["version_differences"] = list(self.version_differences)
         out["max_errors"] = {k: _json_float(v) for k, v in self.max_errors.items()}
         out["min_psnr_db"] = {k: _json_float(v) for k, v in self.min_psnr_db.items()}
+        out["depth"] = {k: depth_summary(n, self.frames) for k, n in self.depth_differing_frames.items()}
         return out
+
+
+def depth_summary(differing_frames: int, frames: int) -> str:
+    """A depth camera's result over an episode: ``exact`` or how many frames differ."""
+    return "exact" if differing_frames == 0 else f"{differing_frames} of {frames} frames differ"
 
 
 def _json_float(value: float) -> float | str:
@@ -147,6 +160,7 @@ class _Miss:
     recorded: float | None
     replayed: float | None
     detail: str
+    pixels: int | None = None
 
 
 def _compare(name: str, recorded: Any, replayed: Any, tol: Tolerance,
@@ -255,18 +269,25 @@ class EpisodeReplay:
 
     def __init__(self, env: Any, episode: RecordedEpisode, *, tolerance: Tolerance,
                  camera_frames: Callable[[str], list[np.ndarray]] | None = None,
-                 min_psnr_db: float = 30.0) -> None:
+                 min_psnr_db: float = 30.0, depth_codes: Callable[[str], list[np.ndarray]] | None = None,
+                 depth_video: DepthVideoIdentity | None = None, depth_cameras: tuple[str, ...] = ()) -> None:
         self.env = env
         self.ep = episode
         self.tol = tolerance
         self.camera_frames = camera_frames
         self.min_psnr_db = min_psnr_db
+        self.depth_codes = depth_codes  # a depth camera's stored 12-bit codes, per frame
+        self.depth_video = depth_video
+        self.depth_cameras = frozenset(depth_cameras)
+        if self.depth_cameras and camera_frames is not None and (depth_codes is None or depth_video is None):
+            raise ValueError("depth cameras are compared with their stored codes and quantizer settings")
         self.n = len(episode.action)
         self.obs_miss: dict[int, _Miss] = {}  # frame -> first miss of the observation recorded with it
         self.step_miss: dict[int, _Miss] = {}  # frame -> first miss of stepping its action
         self.image_miss: dict[int, _Miss] = {}
         self.max_errors: dict[str, float] = {}
         self.min_psnr: dict[str, float] = {}
+        self.depth_differing: dict[str, int] = {}  # depth camera -> frames whose codes differ
         self.videos: dict[str, list[np.ndarray]] = {}
 
     # -- per-frame checks
@@ -288,8 +309,9 @@ class EpisodeReplay:
 
     def _check_images(self, frame: int, images: Mapping[str, np.ndarray]) -> None:
         for camera, image in sorted(images.items()):
-            if np.asarray(image).dtype.kind == "f":
-                continue  # a depth camera (float metres): not compared by PSNR; its states and steps still are
+            if camera in self.depth_cameras:
+                self._check_depth(frame, camera, image)
+                continue
             if camera not in self.videos:
                 assert self.camera_frames is not None
                 self.videos[camera] = self.camera_frames(camera)
@@ -307,6 +329,45 @@ class EpisodeReplay:
                 self.image_miss.setdefault(frame, _Miss(
                     "image", camera, None, value, None, None,
                     f"camera {camera!r}: PSNR {value:.1f} dB against the stored frame, below {self.min_psnr_db:g} dB"))
+
+    def _check_depth(self, frame: int, camera: str, image: np.ndarray) -> None:
+        """The re-rendered metres, quantized with the stored identity, must be the stored codes exactly."""
+        from demoforge.storage.depth import dequantize, quantize_codes
+
+        assert self.depth_codes is not None and self.depth_video is not None
+        feature = f"camera {camera} (depth)"
+        if camera not in self.videos:
+            self.videos[camera] = self.depth_codes(camera)
+            self.depth_differing[camera] = 0
+        video = self.videos[camera]
+        if frame >= len(video):
+            self.depth_differing[camera] += 1
+            self.image_miss.setdefault(frame, _Miss("depth", feature, None, None, None, None,
+                                                    f"{feature}: the stored video ends at frame {len(video)}"))
+            return
+        stored = np.asarray(video[frame])
+        replayed = quantize_codes(np.asarray(image, dtype=np.float32), self.depth_video)
+        if replayed.shape != stored.shape:
+            self.depth_differing[camera] += 1
+            self.image_miss.setdefault(frame, _Miss("depth", feature, None, None, None, None,
+                                                    f"{feature}: the replay renders {replayed.shape}, the stored "
+                                                    f"codes are {stored.shape}"))
+            return
+        differ = replayed != stored
+        pixels = int(np.count_nonzero(differ))
+        if pixels == 0:
+            return
+        self.depth_differing[camera] += 1
+        metres_replayed = dequantize(replayed, self.depth_video).astype(np.float64)
+        metres_stored = dequantize(stored, self.depth_video).astype(np.float64)
+        gap = np.where(differ, np.abs(metres_replayed - metres_stored), -1.0)
+        at = tuple(int(i) for i in np.unravel_index(int(np.argmax(gap)), gap.shape))
+        self.image_miss.setdefault(frame, _Miss(
+            "depth", feature, list(at), float(gap[at]), float(metres_stored[at]), float(metres_replayed[at]),
+            f"{feature}: {pixels} of {differ.size} pixels differ from the stored codes (lossless, compared "
+            f"exactly); largest difference {float(gap[at]):.4g} m at pixel {list(at)}: replayed "
+            f"{float(metres_replayed[at]):.4g} m (code {int(replayed[at])}), stored {float(metres_stored[at]):.4g} m "
+            f"(code {int(stored[at])})", pixels=pixels))
 
     def _check_step(self, frame: int, reward: float, terminated: bool, truncated: bool) -> None:
         miss = _compare("next.reward", np.float32(self.ep.reward[frame]), np.float32(reward), self.tol,
@@ -441,7 +502,7 @@ class EpisodeReplay:
         return Divergence(frame=frame, segment=names.get(segment_id) if segment_id is not None else None,
                           segment_id=segment_id, segment_step=segment_step, kind=miss.kind, feature=miss.feature,
                           index=miss.index, error=miss.error, recorded=miss.recorded, replayed=miss.replayed,
-                          detail=miss.detail)
+                          detail=miss.detail, pixels=miss.pixels)
 
     def _segment_name(self, frame: int) -> str | None:
         names = {int(s["segment_id"]): str(s["name"]) for s in self.ep.record.get("segments", [])}
@@ -528,8 +589,11 @@ def replay_episode(source: EpisodeSource, ref: EpisodeRef, settings: ReplaySetti
                                    f"{dict(episode.task_options)}: {type(exc).__name__}: {exc}",
                               started, versions, differences)
     frames = (lambda camera: source.camera_frames(episode, camera)) if settings.images else None
+    codes = (lambda camera: source.depth_codes(episode, camera)) if settings.images else None
     replay = EpisodeReplay(env, episode, tolerance=settings.tolerance(ref.task), camera_frames=frames,
-                           min_psnr_db=settings.psnr_threshold(str(source.schema.video.get("codec"))))
+                           min_psnr_db=settings.psnr_threshold(str(source.schema.video.get("codec"))),
+                           depth_codes=codes, depth_video=source.schema.depth_video,
+                           depth_cameras=source.schema.depth_cameras)
     try:
         divergence, mismatched, expert = replay.run()
     except Exception as exc:  # reset, the recorder, reading the video: the replay could not be carried out
@@ -539,5 +603,6 @@ def replay_episode(source: EpisodeSource, ref: EpisodeRef, settings: ReplaySetti
     return EpisodeVerdict(number=ref.number, label=ref.label, seed=ref.seed, attempt=ref.attempt, frames=ref.frames,
                           verdict=DIVERGED if divergence else REPRODUCED, divergence=divergence,
                           mismatched_frames=mismatched, max_errors=dict(replay.max_errors),
-                          min_psnr_db=dict(replay.min_psnr), expert=expert, versions=versions,
+                          min_psnr_db=dict(replay.min_psnr), depth_differing_frames=dict(replay.depth_differing),
+                          expert=expert, versions=versions,
                           version_differences=differences, seconds=time.perf_counter() - started)

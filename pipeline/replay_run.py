@@ -22,6 +22,7 @@ from demoforge.pipeline.replay import (
     EnvCache,
     EpisodeVerdict,
     ReplaySettings,
+    depth_summary,
     replay_episode,
 )
 from demoforge.storage.episode_source import EpisodeRef, EpisodeSource, EpisodeSourceError, open_episode_source
@@ -187,10 +188,14 @@ def run_replay(path: Path | str, *, episodes: str | None = None, sample: int | N
         task = source.schema.task
         tolerance = settings.tolerance(task)
         threshold = settings.psnr_threshold(str(source.schema.video.get("codec")))
+        depth = source.schema.depth_video
         described = {"atol": tolerance.atol, "rtol": tolerance.rtol, "images": settings.images,
                      "min_psnr_db": threshold if settings.images else None,
-                     "codec": source.schema.video.get("codec"), "workers": workers,
-                     "episodes": episodes, "sample": sample}
+                     "codec": source.schema.video.get("codec"),
+                     "depth": {"cameras": list(source.schema.depth_cameras), "compared": "exact",
+                               "codec": depth.codec, "pix_fmt": depth.pix_fmt}
+                     if settings.images and depth is not None and source.schema.depth_cameras else None,
+                     "workers": workers, "episodes": episodes, "sample": sample}
         if workers == 1 or len(chosen) <= 1:
             verdicts = _run_here(source, chosen, settings, progress)
         else:
@@ -265,7 +270,19 @@ def _error_text(verdict: EpisodeVerdict) -> str:
     d = verdict.divergence
     if d is None or d.error is None:
         return "-"
-    return f"{d.error:.1f} dB" if d.kind == "image" else f"{d.error:.3g}"
+    if d.kind == "image":
+        return f"{d.error:.1f} dB"
+    if d.kind == "depth":
+        return f"{d.pixels} px, max {d.error:.3g} m"
+    return f"{d.error:.3g}"
+
+
+def camera_text(verdict: EpisodeVerdict) -> str:
+    """Per camera over the episode: an RGB camera's lowest PSNR, a depth camera's ``exact`` or frames differing."""
+    parts = [f"{camera} {value:.1f} dB" for camera, value in sorted(verdict.min_psnr_db.items())]
+    parts += [f"{camera} {depth_summary(n, verdict.frames)}"
+              for camera, n in sorted(verdict.depth_differing_frames.items())]
+    return ", ".join(parts) or "-"
 
 
 def print_report(report: ReplayReport, console: Any) -> None:
@@ -273,13 +290,16 @@ def print_report(report: ReplayReport, console: Any) -> None:
     from rich.table import Table
 
     table = Table(title=f"replay of {report.source} ({report.kind}, task {report.task})")
-    for col in ("episode", "seed", "frames", "verdict", "first divergence", "error", "max |diff| (all frames)"):
+    with_images = bool(report.settings["images"])
+    columns = ["episode", "seed", "frames", "verdict", "first divergence", "error", "max |diff| (all frames)"]
+    for col in columns + (["cameras (lowest PSNR; depth)"] if with_images else []):
         table.add_column(col, overflow="fold")
     style = {REPRODUCED: "green", DIVERGED: "red", ERROR: "yellow"}
     for v in report.episodes:
         worst = max(v.max_errors.values(), default=None)
-        table.add_row(str(v.number), str(v.seed), str(v.frames), f"[{style[v.verdict]}]{v.verdict}[/]", _where(v),
-                      _error_text(v), "-" if worst is None else f"{worst:.3g}")
+        row = [str(v.number), str(v.seed), str(v.frames), f"[{style[v.verdict]}]{v.verdict}[/]", _where(v),
+               _error_text(v), "-" if worst is None else f"{worst:.3g}"]
+        table.add_row(*row, *([camera_text(v)] if with_images else []))
     if report.episodes:
         console.print(table)
     for v in report.episodes:
@@ -293,6 +313,10 @@ def print_report(report: ReplayReport, console: Any) -> None:
     s = report.settings
     counts = report.counts()
     images = f"; images: PSNR >= {s['min_psnr_db']:g} dB ({s['codec']})" if s["images"] else ""
+    if s.get("depth"):
+        depth = s["depth"]
+        images += (f", depth {', '.join(depth['cameras'])}: stored codes exactly (lossless {depth['codec']} "
+                   f"{depth['pix_fmt']})")
     console.print(f"{len(report.episodes)} of {report.available} episode(s) selected, {report.elapsed_s:.1f} s: "
                   f"{counts[REPRODUCED]} reproduced, {counts[DIVERGED]} diverged, {counts[ERROR]} could not be "
                   f"replayed (atol {s['atol']:g}, rtol {s['rtol']:g}{images})", highlight=False)

@@ -3,7 +3,8 @@
 Everything replay reads from disk goes through :func:`open_episode_source`, so it can be pointed at another
 read side without touching the replay engine. A store yields its committed episodes (chunk checksums and
 the content hash checked on read); a dataset yields its episodes from the data parquet files and the
-demoforge sidecar (seeds, attempts, segments, task options), and camera frames from its mp4 files.
+demoforge sidecar (seeds, attempts, segments, task options), and camera frames from its mp4 files. A depth
+camera's frames are read as their stored 12-bit codes (lossless), never as pictures.
 Only pyarrow and PyAV are used for datasets: no torch, no lerobot import.
 """
 
@@ -21,6 +22,7 @@ from demoforge.pipeline.contract import ANNOTATION_KEYS
 from demoforge.storage.catalog import CATALOG_FILE
 from demoforge.storage.lerobot_format import INFO as INFO_FILE
 from demoforge.storage.lerobot_format import MARKER, SIDECAR, ExportMarker, camera_key, read_sidecar
+from demoforge.storage.schema import DEPTH, DepthVideoIdentity, FingerprintError
 from demoforge.storage.video import decode_frames, decode_span
 
 EPISODES_GLOB = "meta/episodes/chunk-*/file-*.parquet"
@@ -45,6 +47,8 @@ class JobSchema:
     cameras: tuple[tuple[str, int, int], ...]
     video: Mapping[str, Any]
     task_options: Mapping[str, Any] | None = None  # a store's (one job); a dataset records them per episode
+    depth_cameras: tuple[str, ...] = ()  # cameras of kind "depth" (stored as lossless 12-bit codes)
+    depth_video: DepthVideoIdentity | None = None  # how their codes were quantized; set when there are any
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,13 @@ class EpisodeSource:
         """The stored video of one camera of one episode, decoded to (H, W, 3) uint8 frames."""
         raise NotImplementedError
 
+    def depth_codes(self, episode: RecordedEpisode, camera: str) -> list[np.ndarray]:
+        """The stored video of one depth camera of one episode as its 12-bit codes, (H, W) uint16 frames."""
+        raise NotImplementedError
+
+    def _depth_pix_fmt(self) -> str:
+        return self.schema.depth_video.pix_fmt if self.schema.depth_video is not None else "gray12le"
+
     def close(self) -> None:
         pass
 
@@ -133,7 +144,9 @@ class StoreSource(EpisodeSource):
         self.schema = JobSchema(task=fingerprint.task, fps=fingerprint.fps, state_shapes=dict(fingerprint.state_shapes),
                                 action_shape=fingerprint.action_shape,
                                 cameras=tuple((c.name, c.height, c.width) for c in fingerprint.cameras),
-                                video=fingerprint.video.to_json(), task_options=dict(fingerprint.task_options))
+                                video=fingerprint.video.to_json(), task_options=dict(fingerprint.task_options),
+                                depth_cameras=tuple(c.name for c in fingerprint.cameras if c.is_depth),
+                                depth_video=fingerprint.depth_video)
 
     def episodes(self) -> list[EpisodeRef]:
         return [EpisodeRef(number=r.episode_index, label=f"episode {r.episode_index} ({r.episode_id})",
@@ -155,6 +168,11 @@ class StoreSource(EpisodeSource):
 
     def camera_frames(self, episode: RecordedEpisode, camera: str) -> list[np.ndarray]:
         return list(decode_frames(episode.videos[camera]))
+
+    def depth_codes(self, episode: RecordedEpisode, camera: str) -> list[np.ndarray]:
+        from demoforge.storage.depth import iter_codes
+
+        return list(iter_codes(episode.videos[camera], self._depth_pix_fmt()))
 
     def close(self) -> None:
         self._store.close()
@@ -181,11 +199,17 @@ class DatasetSource(EpisodeSource):
         try:
             # Markers name no task since a dataset may hold several jobs; each sidecar row names its own.
             task = schema.get("task") or (str(sidecar[0]["task"]) if sidecar else "")
+            depth_cameras = tuple(str(c[0]) for c in schema["cameras"] if len(c) > 3 and c[3] == DEPTH)
+            try:
+                depth_video = DepthVideoIdentity.from_json(schema["depth_video"]) if depth_cameras else None
+            except FingerprintError as exc:
+                raise EpisodeSourceError(f"{path}: {MARKER} has a bad depth_video field: {exc}") from None
             self.schema = JobSchema(task=task, fps=int(schema["fps"]),
                                     state_shapes={k: tuple(v) for k, v in schema["state_shapes"].items()},
                                     action_shape=tuple(schema["action_shape"]),
-                                    cameras=tuple((c[0], int(c[1]), int(c[2])) for c in schema["cameras"]),  # [4]: a kind
-                                    video=dict(schema["video"]))
+                                    cameras=tuple((c[0], int(c[1]), int(c[2])) for c in schema["cameras"]),  # [3]: a kind
+                                    video=dict(schema["video"]), depth_cameras=depth_cameras,
+                                    depth_video=depth_video)
             self._sidecar = {int(r["dataset_episode_index"]): r for r in sidecar}
         except (KeyError, TypeError, ValueError) as exc:
             raise EpisodeSourceError(f"{path}: {MARKER} or {SIDECAR} lacks {exc}") from None
@@ -263,6 +287,13 @@ class DatasetSource(EpisodeSource):
                                record=record, state=state, action=action, reward=reward, annotations=annotations)
 
     def camera_frames(self, episode: RecordedEpisode, camera: str) -> list[np.ndarray]:
+        return self._camera_span(episode, camera, "rgb24")
+
+    def depth_codes(self, episode: RecordedEpisode, camera: str) -> list[np.ndarray]:
+        """The episode's span of the shared depth mp4, decoded to codes as for RGB (the remux keeps them)."""
+        return self._camera_span(episode, camera, self._depth_pix_fmt())
+
+    def _camera_span(self, episode: RecordedEpisode, camera: str, pix_fmt: str) -> list[np.ndarray]:
         key = camera_key(camera)
         meta = self._episodes[episode.ref.number]
         try:
@@ -274,7 +305,7 @@ class DatasetSource(EpisodeSource):
         path = self._inside(relative)
         if not path.is_file():
             raise EpisodeReadError(f"{relative} is missing")
-        return decode_span(path, start, end, self.schema.fps)
+        return decode_span(path, start, end, self.schema.fps, pix_fmt)
 
 
 def _column(table: Any, name: str, shape: Sequence[int]) -> np.ndarray:

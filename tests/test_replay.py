@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 FETCH = ("--task", "fetch-pick-place", "--option", "cycles=1", "--option", "image_size=64")
 ALOHA = ("--task", "aloha-transfer-cube", "--option", "image_height=64", "--option", "image_width=64")
 TOY = ("--task", "toy-point", "--codec", "h264", "--option", "steps=16")
+DEPTH = (*FETCH, "--option", "depth=true")  # cameras front (RGB) and front_depth (lossless 12-bit codes)
 
 
 def generate(store, task_args, episodes, **env):
@@ -68,6 +69,37 @@ def committed_records(store):
 @pytest.fixture(scope="module")
 def fetch_store(tmp_path_factory):
     return generate(tmp_path_factory.mktemp("fetch") / "store", FETCH, 3)
+
+
+def replace_staged_video(store, episode_id, camera, data):
+    """Write ``data`` as one camera's staged stream of an episode through Zarr (which rewrites the shard
+    checksums) and recompute the catalog's video length and content hash, so `demoforge verify` accepts it."""
+    import zarr
+
+    from demoforge.storage.schema import Fingerprint
+    from demoforge.storage.staging import STAGING_FORMAT, EpisodeLayout, StagingStore, array_path
+
+    video_array = store / "staging.zarr" / "episodes" / episode_id / array_path(f"video/{camera}", STAGING_FORMAT)
+    array = zarr.open_array(str(video_array), mode="r+")
+    array[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+    db = sqlite3.connect(store / "catalog.sqlite")
+    try:
+        fingerprint = Fingerprint.from_json(db.execute("SELECT value FROM meta WHERE key = 'fingerprint'").fetchone()[0])
+        frames, video_bytes = db.execute("SELECT frames, video_bytes FROM attempts WHERE episode_id = ?",
+                                         (episode_id,)).fetchone()
+        sizes = {**json.loads(video_bytes), camera: len(data)}
+        staged = StagingStore(store, EpisodeLayout.from_fingerprint(fingerprint), read_only=True).read_episode(
+            episode_id, frames, sizes)
+        db.execute("UPDATE attempts SET video_bytes = ?, content_hash = ? WHERE episode_id = ?",
+                   (json.dumps(sizes), staged.content_hash(), episode_id))
+        db.commit()
+    finally:
+        db.close()
+
+
+@pytest.fixture(scope="module")
+def depth_store(tmp_path_factory):
+    return generate(tmp_path_factory.mktemp("depth") / "store", DEPTH, 2)
 
 
 @pytest.fixture(scope="module")
@@ -189,33 +221,21 @@ def test_an_altered_state_frame_that_verify_accepts_diverges_at_that_frame(fetch
     assert report["episodes"][2]["mismatched_frames"] == 1
 
 
+def staged_episode(store, episode_id):
+    from demoforge.storage.reader import open_store_reader
+
+    with open_store_reader(store) as view:
+        fingerprint, staging = view.require_job()
+        row = next(r for r in view.catalog.committed() if r.episode_id == episode_id)
+        return fingerprint, staging.read_episode(episode_id, row.frames, row.video_bytes)
+
+
 def test_images_catch_a_video_of_another_episode(fetch_store, tmp_path):
-    import zarr
-
-    from demoforge.storage.schema import Fingerprint
-    from demoforge.storage.staging import EpisodeLayout, StagingStore
-
     store = tmp_path / "store"
     shutil.copytree(fetch_store, store)
     records = committed_records(store)
     (target, _), (donor, _) = records[1], records[2]
-    db = sqlite3.connect(store / "catalog.sqlite")
-    fingerprint = Fingerprint.from_json(db.execute("SELECT value FROM meta WHERE key = 'fingerprint'").fetchone()[0])
-    staging = StagingStore(store, EpisodeLayout.from_fingerprint(fingerprint), read_only=True)
-    rows = {i: db.execute("SELECT frames, video_bytes FROM attempts WHERE episode_id = ?", (i,)).fetchone()
-            for i in (target, donor)}
-    donor_video = staging.read_episode(donor, rows[donor][0], json.loads(rows[donor][1])).video["front"]
-    from demoforge.storage.staging import STAGING_FORMAT, array_path
-
-    video_array = store / "staging.zarr" / "episodes" / target / array_path("video/front", STAGING_FORMAT)
-    array = zarr.open_array(str(video_array), mode="r+")
-    array[:len(donor_video)] = np.frombuffer(donor_video, dtype=np.uint8)
-    sizes = json.dumps({"front": len(donor_video)})
-    staged = staging.read_episode(target, rows[target][0], json.loads(sizes))
-    db.execute("UPDATE attempts SET video_bytes = ?, content_hash = ? WHERE episode_id = ?",
-               (sizes, staged.content_hash(), target))
-    db.commit()
-    db.close()
+    replace_staged_video(store, target, "front", staged_episode(store, donor)[1].video["front"])
     assert replay(store)[0] == 0  # states, rewards and success are untouched
     code, report, err = replay(store, "--images")
     assert code == 1, (err, report)
@@ -224,6 +244,79 @@ def test_images_catch_a_video_of_another_episode(fetch_store, tmp_path):
     assert episode["divergence"]["kind"] == "image" and episode["divergence"]["feature"] == "front"
     assert episode["divergence"]["error"] < report["settings"]["min_psnr_db"]
     assert all(v == 0 for v in episode["max_errors"].values())
+
+
+def test_depth_is_compared_exactly_on_a_store_and_its_export(depth_store, tmp_path):
+    from demoforge.storage.lerobot_export import export_store
+
+    dataset = tmp_path / "dataset"
+    export_store(depth_store, dataset)
+    for path, kind in ((depth_store, "store"), (dataset, "dataset")):
+        code, report, err = replay(path, "--images")
+        assert code == 0 and report["kind"] == kind, (err, report)
+        assert report["summary"] == {"reproduced": 2, "diverged": 0, "error": 0}
+        assert report["settings"]["depth"] == {"cameras": ["front_depth"], "compared": "exact", "codec": "hevc",
+                                               "pix_fmt": "gray12le"}
+        for episode in report["episodes"]:
+            assert episode["depth"] == {"front_depth": "exact"}  # present only if depth was compared
+            assert episode["depth_differing_frames"] == {"front_depth": 0}
+            assert set(episode["min_psnr_db"]) == {"front"}  # depth is not judged by PSNR
+    human = run_cli("replay", str(dataset), "--images").stdout.replace("\n", " ")
+    assert "depth front_depth: stored codes exactly (lossless hevc gray12le)" in human
+
+
+def test_one_changed_depth_code_that_verify_accepts_diverges_at_that_frame(depth_store, tmp_path):
+    import av
+
+    from demoforge.stages.encode import DepthEncoder
+    from demoforge.storage import depth as depth_video
+
+    class CodesEncoder(DepthEncoder):
+        """The store's own depth encoder (same lossless settings), fed 12-bit codes instead of metres."""
+
+        def _video_frame(self, image):
+            return av.VideoFrame.from_ndarray(image, format=self.identity.pix_fmt)
+
+    store = tmp_path / "store"
+    shutil.copytree(depth_store, store)
+    episode, frame = 1, 23
+    episode_id, record = committed_records(store)[episode]
+    fingerprint, staged = staged_episode(store, episode_id)
+    identity = fingerprint.depth_video
+    codes = depth_video.decode_codes(staged.video["front_depth"])
+    frames = [codes[i].copy() for i in range(len(codes))]
+    y, x = 40, 21
+    before = int(frames[frame][y, x])
+    after = before + 40 if before < 4000 else before - 40
+    frames[frame][y, x] = after
+    (camera,) = [c for c in fingerprint.cameras if c.name == "front_depth"]
+    encoder = CodesEncoder(camera, fingerprint.fps, identity)
+    data = b"".join(encoder.encode(f) for f in frames) + encoder.finish()
+    reread = depth_video.decode_codes(data)
+    assert all(np.array_equal(reread[i], frames[i]) for i in range(len(frames)))  # lossless: only that code moved
+    replace_staged_video(store, episode_id, "front_depth", data)
+    verify = run_cli("verify", "--store", str(store), "--no-quarantine")
+    assert verify.returncode == 0 and "all good" in verify.stdout, verify.stdout
+    assert replay(store)[0] == 0  # without --images nothing shows it
+
+    code, report, err = replay(store, "--images")
+    assert code == 1, (err, report)
+    assert verdicts(report) == {0: "reproduced", 1: "diverged"}
+    ep = report["episodes"][1]
+    divergence = ep["divergence"]
+    assert divergence["frame"] == frame and divergence["kind"] == "depth"
+    assert divergence["feature"] == "camera front_depth (depth)"
+    assert divergence["pixels"] == 1 and divergence["index"] == [y, x]
+    metres = depth_video.dequantize(np.array([[before, after]], np.uint16), identity)[0]
+    assert divergence["error"] == pytest.approx(abs(float(metres[1]) - float(metres[0])), rel=1e-5)
+    assert divergence["error"] > 0
+    assert (divergence["segment"], divergence["segment_step"]) == segment_at(record, frame)
+    assert ep["mismatched_frames"] == 1 and ep["depth_differing_frames"] == {"front_depth": 1}
+    assert ep["depth"] == {"front_depth": f"1 of {ep['frames']} frames differ"}
+    assert report["episodes"][0]["depth"] == {"front_depth": "exact"}
+    human = run_cli("replay", str(store), "--images").stdout.replace("\n", " ")
+    assert f"DIVERGED episode 1 ({episode_id}): frame {frame}" in human
+    assert "1 of 4096 pixels differ from the stored codes" in " ".join(human.split())
 
 
 def test_a_non_deterministic_env_is_reported_diverged_not_crashed(tmp_path):
