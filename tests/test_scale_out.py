@@ -31,8 +31,9 @@ from demoforge.storage.staging import VIDEO_SHARD_BYTES, staged_episode_ids
 from demoforge.storage.verify import verify_store
 from helpers import cli_env, demoforge_argv
 
-# One Ray cluster per test session: with pytest-xdist every test of this file runs in the same worker.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+# One Ray cluster per test session: the suite runs with `-n 2 --dist loadfile`, so every test of this file runs
+# in one pytest-xdist worker, which alone starts the session's Ray cluster (conftest.ray_cluster).
+pytestmark = pytest.mark.slow
 
 FETCH_ARGS = ("--task", "fetch-pick-place", "--option", "cycles=1", "--option", "image_size=64", "--episodes", "3")
 # Toy episodes of 60 steps x 20 ms: long enough that a kill lands mid-episode, short enough for the suite.
