@@ -7,7 +7,7 @@ import hashlib
 import multiprocessing
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -130,6 +130,15 @@ def _worker_replay(path: str, ref: EpisodeRef, settings: ReplaySettings) -> Epis
     return replay_episode(_worker_state["source"], ref, settings, _worker_state["envs"])
 
 
+def _tolerance_text(settings: Mapping[str, Any]) -> str:
+    """One tolerance, or each task's when the episodes' tasks check with different ones."""
+    per_task = settings.get("tolerances") or {}
+    distinct = {(t["atol"], t["rtol"]) for t in per_task.values()}
+    if len(distinct) <= 1:
+        return f"atol {settings['atol']:g}, rtol {settings['rtol']:g}"
+    return "; ".join(f"{task}: atol {t['atol']:g}, rtol {t['rtol']:g}" for task, t in per_task.items())
+
+
 def _check_tasks(source: EpisodeSource, refs: Sequence[EpisodeRef]) -> None:
     """Refuse before starting when a task is not registered here (a plugin module not named), or now
     describes other features than the input records."""
@@ -185,11 +194,14 @@ def run_replay(path: Path | str, *, episodes: str | None = None, sample: int | N
             raise ReplayInputError(str(exc)) from None
         chosen = select_episodes(available, episodes, sample)
         _check_tasks(source, chosen)
-        task = source.schema.task
-        tolerance = settings.tolerance(task)
+        # Each episode is checked with its own task's tolerance (a dataset may hold several jobs' tasks).
+        tolerances = {t: settings.tolerance(t) for t in sorted({r.task for r in chosen} or {source.schema.task})}
+        tolerance = settings.tolerance(source.schema.task)
         threshold = settings.psnr_threshold(str(source.schema.video.get("codec")))
         depth = source.schema.depth_video
-        described = {"atol": tolerance.atol, "rtol": tolerance.rtol, "images": settings.images,
+        described = {"atol": tolerance.atol, "rtol": tolerance.rtol,
+                     "tolerances": {t: {"atol": tol.atol, "rtol": tol.rtol} for t, tol in tolerances.items()},
+                     "images": settings.images,
                      "min_psnr_db": threshold if settings.images else None,
                      "codec": source.schema.video.get("codec"),
                      "depth": {"cameras": list(source.schema.depth_cameras), "compared": "exact",
@@ -205,7 +217,7 @@ def run_replay(path: Path | str, *, episodes: str | None = None, sample: int | N
     notes = []
     if not chosen:
         notes.append("no episode selected" if available else "the input holds no committed episode")
-    return ReplayReport(source=str(path), kind=source.kind, task=task, settings=described,
+    return ReplayReport(source=str(path), kind=source.kind, task=source.schema.task, settings=described,
                         episodes=sorted(verdicts, key=lambda v: v.number), running_versions=library_versions(),
                         elapsed_s=time.monotonic() - started, available=len(available), notes=notes)
 
@@ -319,7 +331,7 @@ def print_report(report: ReplayReport, console: Any) -> None:
                    f"{depth['pix_fmt']})")
     console.print(f"{len(report.episodes)} of {report.available} episode(s) selected, {report.elapsed_s:.1f} s: "
                   f"{counts[REPRODUCED]} reproduced, {counts[DIVERGED]} diverged, {counts[ERROR]} could not be "
-                  f"replayed (atol {s['atol']:g}, rtol {s['rtol']:g}{images})", highlight=False)
+                  f"replayed ({_tolerance_text(s)}{images})", highlight=False)
     for note in report.notes:
         console.print(note, highlight=False)
     differences = report.version_differences()

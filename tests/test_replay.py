@@ -110,9 +110,12 @@ def toy_store(tmp_path_factory):
 # --------------------------------------------------------------------------------------- reproduction
 def test_both_builtin_tasks_reproduce_in_another_process(fetch_store, tmp_path):
     aloha_store = generate(tmp_path / "aloha", ALOHA, 1)
-    for store, workers, count in ((fetch_store, "2", 3), (aloha_store, "1", 1)):
+    for store, workers, count, task in ((fetch_store, "2", 3, "fetch-pick-place"),
+                                        (aloha_store, "1", 1, "aloha-transfer-cube")):
         code, report, err = replay(store, "--images", "--workers", workers)
         assert code == 0, (err, report)
+        # Each episode is checked with its own task's tolerance; the report lists them per task.
+        assert report["settings"]["tolerances"] == {task: {"atol": 1e-5, "rtol": 1e-6}}
         assert report["kind"] == "store" and report["selected"] == report["available"] == count
         assert report["summary"] == {"reproduced": count, "diverged": 0, "error": 0}
         for episode in report["episodes"]:
