@@ -1,4 +1,5 @@
-"""Write docs/images/viewer.png: the viewer on a fetch-pick-place dataset, photographed by a real browser.
+"""Write docs/images/viewer.png: the viewer on a fetch-pick-place dataset (RGB and a colour-mapped depth camera),
+photographed by a real browser.
 
 Generates a small dataset (or takes --dataset), serves it with ``demoforge view``'s server, opens it in Debian's
 chromium (headless, through chromium-driver; both installed by tools/setup.sh), seeks into the third segment of
@@ -22,12 +23,13 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 REPO = Path(__file__).resolve().parent.parent
 
 
-def generate(workdir: Path, episodes: int, image_size: int) -> Path:
+def generate(workdir: Path, episodes: int, image_size: int, depth: bool) -> Path:
     store, dataset = workdir / "store", workdir / "dataset"
     cmd = [sys.executable, "-m", "demoforge.pipeline.cli", "generate", "--task", "fetch-pick-place",
-           "--episodes", str(episodes), "--option", f"image_size={image_size}", "--store", str(store),
-           "--export", str(dataset)]
-    print(f"generating {episodes} fetch-pick-place episodes ({image_size}x{image_size}) ...", flush=True)
+           "--episodes", str(episodes), "--option", f"image_size={image_size}", "--option", f"depth={str(depth).lower()}",
+           "--store", str(store), "--export", str(dataset)]
+    print(f"generating {episodes} fetch-pick-place episodes ({image_size}x{image_size}"
+          f"{', with depth' if depth else ''}) ...", flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return dataset
 
@@ -55,8 +57,9 @@ def photograph(dataset: Path, out: Path, width: int, height: int, episode: int, 
         spans = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#timeline .seg") or False)
         spans[min(segment, len(spans) - 1)].click()
         driver.find_element(By.TAG_NAME, "body").send_keys("\ue014" * 4)  # four frames into the segment
-        wait.until(lambda d: d.execute_script(
-            "const v = document.querySelector('#videos video'); return v && !v.seeking && v.readyState >= 2;"))
+        wait.until(lambda d: d.execute_script(  # every camera (a depth preview too) shows its frame
+            "const vs = [...document.querySelectorAll('#videos video')];"
+            "return vs.length > 0 && vs.every(v => !v.seeking && v.readyState >= 2);"))
         time.sleep(0.5)  # let the decoded frame reach the screen
         out.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(out))
@@ -75,13 +78,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "docs/images/viewer.png",
                         help="where to write the PNG (default: docs/images/viewer.png)")
     parser.add_argument("--image-size", type=int, default=128, help="camera size when generating (default: 128)")
+    parser.add_argument("--no-depth", action="store_true",
+                        help="generate without the depth camera (default: with it, shown colour-mapped)")
     parser.add_argument("--width", type=int, default=1600, help="window width in pixels (default: 1600)")
     parser.add_argument("--height", type=int, default=1000, help="window height in pixels (default: 1000)")
     parser.add_argument("--episode", type=int, default=1, help="dataset index of the episode shown (default: 1)")
     parser.add_argument("--segment", type=int, default=2, help="segment to seek into (default: 2, the third)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="demoforge-screenshot-") as tmp:
-        dataset = args.dataset or generate(Path(tmp), episodes=4, image_size=args.image_size)
+        dataset = args.dataset or generate(Path(tmp), episodes=4, image_size=args.image_size,
+                                            depth=not args.no_depth)
         started = time.monotonic()
         photograph(dataset, args.out, args.width, args.height, args.episode, args.segment)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB, window {args.width}x{args.height}) in "
