@@ -12,6 +12,7 @@ import threading
 import anyio
 import numpy as np
 import pytest
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 import toy_tasks
 from demoforge.pipeline.executor import EpisodeRange, Executor
@@ -141,6 +142,26 @@ def step_env_factory(steps_taken: list[int] | None = None):
     return lambda: Counting(dict(OPTIONS))
 
 
+def step_task(env_factory, assignments, send, stop, **extra):
+    """The step stage on toy-point envs from ``env_factory``, as a task group's callable."""
+    return lambda: step_stage(0, env_factory, task="toy-point", num_envs=1, job_seed=0, max_attempts=3,
+                              assignments=assignments, send=send, stop=stop, **extra)
+
+
+def one_episode() -> MemoryObjectReceiveStream[EpisodeAssignment]:
+    """A plan that assigns episode 0 and ends."""
+    send, receive = anyio.create_memory_object_stream[EpisodeAssignment](1)
+    send.send_nowait(EpisodeAssignment(0))
+    send.close()
+    return receive
+
+
+async def until_send_blocks(send: MemoryObjectSendStream) -> None:
+    while send.statistics().tasks_waiting_send == 0:
+        await anyio.sleep(0.01)
+    await anyio.sleep(0.2)  # time for a producer that did not block to run ahead
+
+
 async def test_step_runs_assigned_episodes_and_ends_its_stream_when_the_plan_does():
     assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](0)
     send, receive = anyio.create_memory_object_stream(8)
@@ -154,8 +175,7 @@ async def test_step_runs_assigned_episodes_and_ends_its_stream_when_the_plan_doe
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(plan)
-            tg.start_soon(lambda: step_stage(0, step_env_factory(), task="toy-point", num_envs=1, job_seed=0,
-                                             max_attempts=3, assignments=assign_recv, send=send, stop=stop))
+            tg.start_soon(step_task(step_env_factory(), assign_recv, send, stop))
             records = await drain(receive)
     started = [r for r in records if isinstance(r, AttemptStarted)]
     ended = [r for r in records if isinstance(r, AttemptEnded)]
@@ -165,20 +185,12 @@ async def test_step_runs_assigned_episodes_and_ends_its_stream_when_the_plan_doe
 
 
 async def test_step_blocks_on_a_full_stream_so_the_env_waits_for_the_consumer():
-    assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](1)
     send, receive = anyio.create_memory_object_stream(3)
     steps_taken: list[int] = []
-    stop = threading.Event()
-    await assign_send.send(EpisodeAssignment(0))
-    assign_send.close()
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: step_stage(0, step_env_factory(steps_taken), task="toy-point", num_envs=1,
-                                             job_seed=0, max_attempts=3, assignments=assign_recv, send=send,
-                                             stop=stop))
-            while send.statistics().tasks_waiting_send == 0:
-                await anyio.sleep(0.01)
-            await anyio.sleep(0.2)  # time for a producer that did not block to run ahead
+            tg.start_soon(step_task(step_env_factory(steps_taken), one_episode(), send, threading.Event()))
+            await until_send_blocks(send)
             # Full: 3 records queued (AttemptStarted + 2 frames), a 4th waits in send, the env stopped there.
             assert receive.statistics().current_buffer_used == 3
             assert len(steps_taken) == 3
@@ -187,20 +199,13 @@ async def test_step_blocks_on_a_full_stream_so_the_env_waits_for_the_consumer():
 
 
 async def test_step_sends_records_in_batches_and_runs_at_most_a_batch_ahead_of_a_full_stream():
-    assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](1)
     send, receive = anyio.create_memory_object_stream(1)
     steps_taken: list[int] = []
-    stop = threading.Event()
-    await assign_send.send(EpisodeAssignment(0))
-    assign_send.close()
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: step_stage(0, step_env_factory(steps_taken), task="toy-point", num_envs=1,
-                                             job_seed=0, max_attempts=3, assignments=assign_recv, send=send,
-                                             stop=stop, send_batch=4, send_wait_s=60))
-            while send.statistics().tasks_waiting_send == 0:
-                await anyio.sleep(0.01)
-            await anyio.sleep(0.2)
+            tg.start_soon(step_task(step_env_factory(steps_taken), one_episode(), send, threading.Event(),
+                                    send_batch=4, send_wait_s=60))
+            await until_send_blocks(send)
             # One batch (AttemptStarted + 3 frames) went out in one hand-off: the first record fills the
             # stream, the second waits in send, and the env stopped after the batch's 3 steps.
             assert receive.statistics().current_buffer_used == 1
@@ -219,8 +224,7 @@ async def test_step_stop_ends_in_flight_attempts_as_interrupted():
     long_env = lambda: toy_tasks.CameraPointEnv({**OPTIONS, "steps": 10_000})  # noqa: E731
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: step_stage(0, long_env, task="toy-point", num_envs=1, job_seed=0,
-                                             max_attempts=3, assignments=assign_recv, send=send, stop=stop))
+            tg.start_soon(step_task(long_env, assign_recv, send, stop))
             first = await receive.receive()
             assert isinstance(first, AttemptStarted)
             stop.set()
