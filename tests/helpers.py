@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -37,6 +38,11 @@ def demoforge_argv(*args: str) -> list[str]:
 def run_cli(*args: str, timeout: float = 300, **extra_env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(demoforge_argv(*args), env=cli_env(**extra_env), capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def daemon_events(stderr: str) -> list[dict]:
+    """The JSON log records (`demoforge daemon --json-logs`) among a daemon's stderr lines."""
+    return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
 
 
 def decode_frames(data: bytes) -> list[np.ndarray]:

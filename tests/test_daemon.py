@@ -15,7 +15,7 @@ from demoforge.pipeline.daemon_config import DaemonConfigError, load_config
 from demoforge.pipeline.metrics import scrape as scrape_metrics
 from demoforge.storage.reader import open_store_reader
 from demoforge.storage.validate import validate_dataset
-from helpers import cli_env, demoforge_argv
+from helpers import cli_env, daemon_events, demoforge_argv
 
 pytestmark = pytest.mark.slow
 
@@ -89,10 +89,6 @@ def wait_for(predicate, timeout=180.0, every=0.25):
     raise AssertionError("condition not met in time")
 
 
-def events(stderr: str) -> list[dict]:
-    return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
-
-
 def committed(store: Path) -> list:
     with open_store_reader(store) as view:
         return view.catalog.attempts(("committed", "exported")), view.catalog.attempts(("staging",))
@@ -121,7 +117,7 @@ def test_metrics_show_progress_and_sigterm_stops_gracefully(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    log = events(err)
+    log = daemon_events(err)
     names = [e["event"] for e in log]
     assert names[0] == "started" and "stopping" in names and names[-1] == "stopped"
     final = next(e for e in log if e["event"] == "export" and e["why"] == "final")
@@ -184,7 +180,7 @@ def test_second_signal_stops_at_once(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 0 and time.monotonic() - sent < 30
-    assert "stopping_now" in [e["event"] for e in events(err)]
+    assert "stopping_now" in [e["event"] for e in daemon_events(err)]
     rows, staging = committed(tmp_path / "store")
     assert not staging
 
@@ -207,7 +203,7 @@ def test_low_disk_space_pauses_and_resumes_generation(tmp_path):
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    names = [e["event"] for e in events(err)]
+    names = [e["event"] for e in daemon_events(err)]
     assert "generation_paused" in names and "generation_resumed" in names
 
 

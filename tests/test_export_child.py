@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from demoforge.storage.validate import validate_dataset
-from test_daemon import committed, events, scrape, start, wait_for, write_job
+from helpers import daemon_events
+from test_daemon import committed, scrape, start, wait_for, write_job
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def test_killed_export_child_is_logged_retried_and_generation_goes_on(tmp_path: 
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    log = events(err)
+    log = daemon_events(err)
     failed = [e for e in log if e["event"] == "export_failed"]
     assert failed and failed[0]["child"] == "killed by SIGKILL", err
     assert "last published version" in failed[0]["note"]
@@ -107,6 +107,6 @@ def test_export_waits_while_the_dataset_disk_is_below_the_floor(tmp_path: Path) 
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    deferred = [e for e in events(err) if e["event"] == "export_deferred"]
+    deferred = [e for e in daemon_events(err) if e["event"] == "export_deferred"]
     assert deferred and deferred[-1]["why"] == "final" and deferred[-1]["floor_mb"] == 500, err
     assert not (tmp_path / "dataset").exists()  # nothing was written on the full disk

@@ -3,8 +3,6 @@ unfinished attempt's space back, keep committed episodes, and resume once space 
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 import time
@@ -14,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from demoforge.storage.catalog import Catalog
-from helpers import cli_env, committed_files, demoforge_argv, run_cli
+from helpers import cli_env, committed_files, daemon_events, demoforge_argv, run_cli
 
 TMPFS_MB = 12
 LEAVE_FREE = 2 * 2**20  # bytes left free before the run: a few toy episodes fit, then the disk is full
@@ -101,11 +99,10 @@ address = "off"
 [disk]
 min_free_mb = 0
 """)
-    proc = subprocess.run(demoforge_argv("daemon", "--config", str(job), "--json-logs"), env=cli_env(),
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    proc = run_cli("daemon", "--config", str(job), "--json-logs", timeout=300)
     assert proc.returncode == 4, proc.stderr
     assert "Traceback" not in proc.stderr
-    events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    events = daemon_events(proc.stderr)
     failed = [e for e in events if e["event"] == "write_failed"]
     assert len(failed) == 1, proc.stderr
     assert failed[0]["reason"] == "No space left on device"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from demoforge.storage.catalog import Catalog
-from helpers import cli_env, demoforge_argv, run_cli
+from helpers import cli_env, daemon_events, demoforge_argv, run_cli
 
 GEN = ("generate", "--task", "toy-point", "--codec", "h264", "--option", "steps=8")
 
@@ -110,10 +110,9 @@ address = "off"
 [disk]
 min_free_mb = 0
 """)
-    proc = subprocess.run(demoforge_argv("daemon", "--config", str(job), "--json-logs"), env=cli_env(),
-                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    proc = run_cli("daemon", "--config", str(job), "--json-logs", timeout=600)
     assert proc.returncode == 0, proc.stderr
-    events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    events = daemon_events(proc.stderr)
     assert any(e["event"] == "pruned" and e["episodes"] > 0 for e in events), proc.stderr
     store = tmp_path / "store"
     assert set(rows(store).values()) == {"exported"} and len(rows(store)) == 6

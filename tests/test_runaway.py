@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from demoforge.storage.catalog import Catalog
-from helpers import cli_env, committed_files, demoforge_argv, run_cli
+from helpers import committed_files, daemon_events, run_cli
 
 BROKEN = {"TOY_POINT_STEP_ERROR": "joint limit exceeded"}
 GEN = ("generate", "--task", "toy-point", "--codec", "h264", "--max-attempts", "2")
@@ -69,10 +67,9 @@ address = "off"
 [disk]
 min_free_mb = 0
 """)
-    proc = subprocess.run(demoforge_argv("daemon", "--config", str(job), "--json-logs"), env=cli_env(**BROKEN),
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    proc = run_cli("daemon", "--config", str(job), "--json-logs", timeout=120, **BROKEN)
     assert proc.returncode == 3, proc.stderr
-    events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    events = daemon_events(proc.stderr)
     failing = [e for e in events if e["event"] == "failing"]
     assert len(failing) == 1, proc.stderr
     assert failing[0]["consecutive_abandoned"] == 3 and failing[0]["limit"] == 3
