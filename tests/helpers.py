@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import av
@@ -38,6 +40,24 @@ def demoforge_argv(*args: str) -> list[str]:
 def run_cli(*args: str, timeout: float = 300, **extra_env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(demoforge_argv(*args), env=cli_env(**extra_env), capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def kill_after_start(argv: list[str], store: Path, delay_s: float, env: dict[str, str] | None = None,
+                     start_timeout_s: float = 120) -> bool:
+    """Run ``argv`` (a command writing ``store``), wait until it has created the store's catalog (start-up time
+    varies with load), let it work ``delay_s`` more, then SIGKILL it. True when the kill landed (False: the
+    command had already exited)."""
+    proc = subprocess.Popen(argv, env=env if env is not None else cli_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + start_timeout_s
+    while not (store / "catalog.sqlite").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(delay_s)
+    killed = proc.poll() is None
+    if killed:
+        proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    return killed
 
 
 def daemon_events(stderr: str) -> list[dict]:

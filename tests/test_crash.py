@@ -26,7 +26,7 @@ from demoforge.storage.invariants import (
 )
 from demoforge.storage.reader import open_store_reader
 from demoforge.storage.schema import AttemptState
-from helpers import cli_env, demoforge_argv
+from helpers import cli_env, demoforge_argv, kill_after_start
 
 pytestmark = pytest.mark.slow
 
@@ -54,18 +54,10 @@ def test_sigkill_at_random_moments_never_loses_or_alters_committed_episodes(tmp_
         if kills >= 12:
             break
         profile = profiles[trial % len(profiles)]
-        proc = subprocess.Popen(demoforge_argv(*ARGS, "--store", str(store)),
-                                env=cli_env(DEMOFORGE_STAGE_DELAY=profile), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        # Kill at a random moment after the process has started working (start-up time varies with load).
-        deadline = time.monotonic() + 120
-        while not (store / "catalog.sqlite").exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.3, 2.5))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
+        # Kill at a random moment after the process has started working.
+        if kill_after_start(demoforge_argv(*ARGS, "--store", str(store)), store, rng.uniform(0.3, 2.5),
+                            env=cli_env(DEMOFORGE_STAGE_DELAY=profile)):
             kills += 1
-        proc.communicate(timeout=60)
         if any(r.state == AttemptState.STAGING for r in attempt_rows(store) or []):
             interrupted_seen += 1  # this kill left an attempt in flight (staging) for recovery to clean
         after = snapshot(store)

@@ -14,9 +14,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import json  # noqa: E402
 import random  # noqa: E402
-import signal  # noqa: E402
 import subprocess  # noqa: E402
-import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -38,7 +36,7 @@ from demoforge.storage.reader import open_store_reader  # noqa: E402
 from demoforge.storage.schema import DEPTH, Fingerprint, FingerprintError  # noqa: E402
 from demoforge.storage.staging import staged_episode_ids  # noqa: E402
 from demoforge.storage.validate import validate_dataset  # noqa: E402
-from helpers import cli_env, demoforge_argv  # noqa: E402
+from helpers import cli_env, demoforge_argv, kill_after_start  # noqa: E402
 from toy_tasks import DEFAULTS as TOY_DEFAULTS  # noqa: E402
 from toy_tasks import CameraPointEnv  # noqa: E402
 from toy_tasks import describe as toy_describe  # noqa: E402
@@ -406,16 +404,9 @@ def test_sigkill_with_depth_resumes_to_a_clean_runs_content(tmp_path: Path) -> N
     kills = 0
     before: dict[str, str | None] = {}
     for _trial in range(3):
-        proc = subprocess.Popen(demoforge_argv(*args, "--store", str(store)), env=cli_env(), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 180
-        while not (store / "catalog.sqlite").exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(rng.uniform(1.0, 6.0))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
+        if kill_after_start(demoforge_argv(*args, "--store", str(store)), store, rng.uniform(1.0, 6.0),
+                            start_timeout_s=180):
             kills += 1
-        proc.communicate(timeout=60)
         with open_store_reader(store) as view:
             after = {r.episode_id: r.content_hash for r in view.catalog.committed()}
         assert all(after.get(k) == v for k, v in before.items()), "a committed episode was lost or altered"
