@@ -312,16 +312,10 @@ class EpisodeReplay:
             if camera in self.depth_cameras:
                 self._check_depth(frame, camera, image)
                 continue
-            if camera not in self.videos:
-                assert self.camera_frames is not None
-                self.videos[camera] = self.camera_frames(camera)
-            video = self.videos[camera]
-            if frame >= len(video):
-                self.image_miss.setdefault(frame, _Miss("image", camera, None, None, None, None,
-                                                        f"camera {camera!r}: the stored video ends at frame "
-                                                        f"{len(video)}"))
+            assert self.camera_frames is not None
+            stored = self._stored(frame, camera, self.camera_frames, "image", camera, f"camera {camera!r}")
+            if stored is None:
                 continue
-            stored = video[frame]
             image = np.asarray(image, dtype=np.uint8)
             value = psnr(image, stored) if image.shape == stored.shape else -math.inf
             self.min_psnr[camera] = min(self.min_psnr.get(camera, math.inf), value)
@@ -330,22 +324,30 @@ class EpisodeReplay:
                     "image", camera, None, value, None, None,
                     f"camera {camera!r}: PSNR {value:.1f} dB against the stored frame, below {self.min_psnr_db:g} dB"))
 
+    def _stored(self, frame: int, camera: str, load: Callable[[str], list[np.ndarray]], kind: str, feature: str,
+                label: str) -> np.ndarray | None:
+        """Stored frame ``frame`` of ``camera`` (its video read once, by ``load``); None, with the miss recorded,
+        when the stored video ends before it."""
+        if camera not in self.videos:
+            self.videos[camera] = load(camera)
+        video = self.videos[camera]
+        if frame < len(video):
+            return np.asarray(video[frame])
+        self.image_miss.setdefault(frame, _Miss(kind, feature, None, None, None, None,
+                                                f"{label}: the stored video ends at frame {len(video)}"))
+        return None
+
     def _check_depth(self, frame: int, camera: str, image: np.ndarray) -> None:
         """The re-rendered metres, quantized with the stored identity, must be the stored codes exactly."""
         from demoforge.storage.depth import dequantize, quantize_codes
 
         assert self.depth_codes is not None and self.depth_video is not None
         feature = f"camera {camera} (depth)"
-        if camera not in self.videos:
-            self.videos[camera] = self.depth_codes(camera)
-            self.depth_differing[camera] = 0
-        video = self.videos[camera]
-        if frame >= len(video):
+        self.depth_differing.setdefault(camera, 0)
+        stored = self._stored(frame, camera, self.depth_codes, "depth", feature, feature)
+        if stored is None:
             self.depth_differing[camera] += 1
-            self.image_miss.setdefault(frame, _Miss("depth", feature, None, None, None, None,
-                                                    f"{feature}: the stored video ends at frame {len(video)}"))
             return
-        stored = np.asarray(video[frame])
         replayed = quantize_codes(np.asarray(image, dtype=np.float32), self.depth_video)
         if replayed.shape != stored.shape:
             self.depth_differing[camera] += 1
