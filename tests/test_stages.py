@@ -235,13 +235,19 @@ async def test_step_stop_ends_in_flight_attempts_as_interrupted():
     assert ended.frames == sum(isinstance(r, Frame) for r in records) < 10_000
 
 
+def fed(records: list) -> MemoryObjectReceiveStream:
+    """A stage's input stream holding ``records``, then its end."""
+    send, receive = anyio.create_memory_object_stream(len(records) + 1)
+    for record in records:
+        send.send_nowait(record)
+    send.close()
+    return receive
+
+
 # --------------------------------------------------------------------------------------------- encode
 async def run_encode(records: list, buffer: int = 100) -> list:
-    in_send, in_recv = anyio.create_memory_object_stream(len(records) + 1)
+    in_recv = fed(records)
     out_send, out_recv = anyio.create_memory_object_stream(buffer)
-    for record in records:
-        in_send.send_nowait(record)
-    in_send.close()
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: encode_stage(in_recv, out_send, cameras=INFO.cameras, fps=INFO.fps, settings=H264))
@@ -332,11 +338,8 @@ async def test_encode_cameras_run_independently_and_records_leave_in_order(monke
         return real(self, image)
 
     monkeypatch.setattr(encode.CameraEncoder, "encode", gated)
-    in_send, in_recv = anyio.create_memory_object_stream(len(records))
+    in_recv = fed(records)
     out_send, out_recv = anyio.create_memory_object_stream(100)
-    for record in records:
-        in_send.send_nowait(record)
-    in_send.close()
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: encode_stage(in_recv, out_send, cameras=cameras, fps=INFO.fps, settings=H264,
@@ -376,11 +379,8 @@ async def test_encode_surfaces_an_encoder_failure_in_a_camera_lane(monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- write
 async def run_write(store: JobStore, records: list) -> list:
-    in_send, in_recv = anyio.create_memory_object_stream(len(records) + 1)
+    in_recv = fed(records)
     out_send, out_recv = anyio.create_memory_object_stream(100)
-    for record in records:
-        in_send.send_nowait(record)
-    in_send.close()
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: write_stage(in_recv, out_send, staging=store.staging, catalog=store.catalog))
@@ -435,11 +435,8 @@ async def test_write_keeps_taking_records_while_its_io_is_slow_up_to_its_io_queu
     monkeypatch.setattr(staging_mod.EpisodeWriter, "create", slow_create)
     store = open_store(tmp_path / "store")
     try:
-        in_send, in_recv = anyio.create_memory_object_stream(len(records))
+        in_recv = fed(records)
         out_send, out_recv = anyio.create_memory_object_stream(100)
-        for record in records:
-            in_send.send_nowait(record)
-        in_send.close()
         per_attempt = len(records) // 3
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
@@ -448,7 +445,7 @@ async def test_write_keeps_taking_records_while_its_io_is_slow_up_to_its_io_queu
                 await anyio.sleep(0.3)
                 # The first attempt's arrays are still being created, yet its frames were all buffered; I/O
                 # jobs: its opening (running), its last chunks (queued), the next opening (waiting to queue).
-                assert in_send.statistics().current_buffer_used == len(records) - per_attempt - 1
+                assert in_recv.statistics().current_buffer_used == len(records) - per_attempt - 1
                 assert out_recv.statistics().current_buffer_used == 0
                 release.set()
                 out = await drain(out_recv)
