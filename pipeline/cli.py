@@ -713,7 +713,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.debug:
                 raise
             leaves = _leaves(group)
-            if leaves and all(isinstance(e, _known_errors() + (WorkersLostError,)) for e in leaves):
+            known = _known_errors() + (WorkersLostError,)
+            if leaves and all(isinstance(e, known) for e in leaves):
                 raise leaves[0] from None
             # The first real failure; the others are usually its consequences (a closed stream, a cancel).
             first = next((e for e in leaves if is_write_error(e)), None) or next(

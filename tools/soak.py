@@ -151,12 +151,7 @@ def soak(args: argparse.Namespace, baseline: tuple[subprocess.Popen, Path, list[
                   f"{sample['q_step_encode']:>14.0f}{sample['q_encode_write']:>12.0f}{sample['q_write_commit']:>12.0f}",
                   flush=True)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(proc)
         log.close()
     if args.out:
         with open(args.out, "w", newline="") as f:

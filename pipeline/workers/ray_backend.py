@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -127,7 +128,7 @@ class RayBackend:
         self._started_local = False
 
     async def connect(self) -> str:
-        if self.config.ray_address is not None and not _ray_imported():
+        if self.config.ray_address is not None and "ray" not in sys.modules:
             use_cluster_token()  # before Ray reads its configuration from the environment
         ray = self._ray = import_ray()
         address = self.config.ray_address
@@ -205,12 +206,6 @@ def use_cluster_token() -> None:
     token_file = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
     if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(token_file):
         os.environ["RAY_AUTH_MODE"] = "token"
-
-
-def _ray_imported() -> bool:
-    import sys
-
-    return "ray" in sys.modules
 
 
 def _first_line(exc: BaseException) -> str:
