@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from demoforge.pipeline.contract import ANNOTATION_KEYS
-from demoforge.storage.schema import CameraSpec, Fingerprint
+from demoforge.storage.schema import CameraSpec, DepthVideoIdentity, Fingerprint
 
 MARKER = "meta/demoforge.json"
 SIDECAR = "meta/demoforge_episodes.jsonl"
@@ -73,6 +73,22 @@ def depth_video_info(fingerprint: Fingerprint, camera: CameraSpec) -> dict[str, 
             "video.preset": depth.preset, "video.fast_decode": 0, "video.video_backend": "pyav",
             "video.extra_options": dict(depth.extra_options), "video.depth_min": depth.depth_min,
             "video.depth_max": depth.depth_max, "video.shift": depth.shift, "video.use_log": depth.use_log}
+
+
+def depth_identity_of_info(info: Mapping[str, Any]) -> DepthVideoIdentity | None:
+    """The inverse of :func:`depth_video_info`: a LeRobot depth feature's quantization (``info.json``:
+    ``features[key]["info"]``), or None when the feature is not a depth map or lacks a quantizer field."""
+    if not info.get("is_depth_map"):
+        return None
+    try:
+        return DepthVideoIdentity(
+            codec=str(info.get("video.codec", "hevc")), pix_fmt=str(info.get("video.pix_fmt", "gray12le")),
+            g=info.get("video.g"), crf=info.get("video.crf"), preset=info.get("video.preset"),
+            extra_options=dict(info.get("video.extra_options") or {}),
+            depth_min=float(info["video.depth_min"]), depth_max=float(info["video.depth_max"]),
+            shift=float(info["video.shift"]), use_log=bool(info["video.use_log"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def dataset_features(fingerprint: Fingerprint) -> dict[str, dict]:

@@ -10,7 +10,6 @@ page prints that range next to the camera. Frame ``i`` is shown at ``i / fps``, 
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,19 +84,3 @@ def encode_preview(codes: np.ndarray, identity: DepthVideoIdentity, fps: int) ->
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
     return DepthPreview(out.getvalue(), len(codes), near, far)
-
-
-def identity_of_feature(info: Mapping[str, Any]) -> DepthVideoIdentity | None:
-    """A LeRobot depth feature's quantization (``info.json``: ``features[key]["info"]``), or None when the
-    feature is not a depth map."""
-    if not info.get("is_depth_map"):
-        return None
-    try:
-        return DepthVideoIdentity(
-            codec=str(info.get("video.codec", "hevc")), pix_fmt=str(info.get("video.pix_fmt", "gray12le")),
-            g=info.get("video.g"), crf=info.get("video.crf"), preset=info.get("video.preset"),
-            extra_options=dict(info.get("video.extra_options") or {}),
-            depth_min=float(info["video.depth_min"]), depth_max=float(info["video.depth_max"]),
-            shift=float(info["video.shift"]), use_log=bool(info["video.use_log"]))
-    except (KeyError, TypeError, ValueError):
-        return None

@@ -227,7 +227,7 @@ class DatasetSource:
     def _load(self, path: Path, version_dir: Path) -> None:
         import pyarrow.parquet as pq
 
-        from demoforge.storage.viewer.depth_preview import identity_of_feature
+        from demoforge.storage.lerobot_format import depth_identity_of_info
 
         if self.files.get(INFO) is None:
             raise ViewerError(f"{path}: meta/info.json is not a regular file")
@@ -238,7 +238,7 @@ class DatasetSource:
         self._data_path = str(info["data_path"])
         self.video_keys = [k for k, f in features.items() if f.get("dtype") == "video"]
         self._depth = {k: identity for k in self.video_keys
-                       if (identity := identity_of_feature(features[k].get("info") or {})) is not None}
+                       if (identity := depth_identity_of_info(features[k].get("info") or {})) is not None}
         self._media = _MediaCache(DEPTH_CACHE)
         self.curve_keys = sorted((k for k, f in features.items()
                                   if f.get("dtype") in CURVE_DTYPES and k != "timestamp"), key=_curve_order)
