@@ -53,22 +53,46 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
     if args.name:
         return _print_task(_task_row(args.name), json_out=args.json)
-    rows = [_task_row(name) for name in task_names()]
-    failures = plugin_failures()
+    from demoforge.pipeline.tasks.registry import TaskDefinitionError
+
+    rows: list[dict[str, Any]] = []
+    unusable: dict[str, list[str]] = {}
+    for name in task_names():
+        try:
+            rows.append(_task_row(name))
+        except TaskDefinitionError as exc:  # e.g. a simulator of the wrong version: list the others
+            unusable.setdefault(str(exc).split(": ", 1)[-1], []).append(name)
+    failures = [*plugin_failures(), *(f"{len(names)} task(s) ({names[0]}, ...) cannot be used: {why}"
+                                      for why, names in unusable.items())]
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        cells = [(r["name"], str(r["fps"]),
-                  ", ".join(f"{k} {v[0]}x{v[1]}" for k, v in r["cameras"].items()) or "-",
-                  str(tuple(r["action_shape"])), _segment_summary(r["segments"])) for r in rows]
+        console = Console(highlight=False)
+
+        def cells_of(compact: bool) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+            """Full cells, or (on a narrow terminal) camera sizes without names and no action column."""
+            cams = [", ".join(f"{v[0]}x{v[1]}" if compact else f"{k} {v[0]}x{v[1]}" for k, v in r["cameras"].items())
+                    or "-" for r in rows]
+            if compact:
+                return ("task", "fps", "cameras"), [(r["name"], str(r["fps"]), c) for r, c in zip(rows, cams)]
+            return ("task", "fps", "cameras", "action"), [(r["name"], str(r["fps"]), c, str(tuple(r["action_shape"])))
+                                                          for r, c in zip(rows, cams)]
+
+        def width(cols: tuple[str, ...], cells: list[tuple[str, ...]]) -> int:
+            return sum(max([len(col)] + [len(c[i]) for c in cells]) + 2 for i, col in enumerate(cols))
+
+        columns, cells = cells_of(compact=False)
+        longest = max((len(_segment_summary(r["segments"])) for r in rows), default=0)
+        if width(columns, cells) + min(longest, 26) > console.width:
+            columns, cells = cells_of(compact=True)
         table = Table(title="demoforge tasks", title_justify="left", box=None, pad_edge=False)
         # Every column but the segment summary keeps its full width: a name copied from here must work.
-        for i, col in enumerate(("task", "fps", "cameras", "action")):
+        for i, col in enumerate(columns):
             table.add_column(col, no_wrap=True, min_width=max([len(col)] + [len(c[i]) for c in cells]))
         table.add_column("segments", overflow="ellipsis", no_wrap=True)
-        for c in cells:
-            table.add_row(*c)
-        Console(highlight=False).print(table)  # wraps at the terminal width (soft wrap would overflow it)
+        for c, r in zip(cells, rows):
+            table.add_row(*c, _segment_summary(r["segments"]))
+        console.print(table)  # wraps at the terminal width (soft wrap would overflow it)
         _console().print("details and options: demoforge tasks NAME")
     for failure in failures:
         _console(stderr=True).print(f"demoforge tasks: warning: {failure}", markup=False)
@@ -115,23 +139,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     from demoforge.pipeline.records import AttemptEnded
     from demoforge.pipeline.tasks.registry import get_task
 
+    from demoforge.pipeline.records import EpisodeLayout
+
     entry = get_task(args.task)
-    env = entry.build(_parse_options(args.option))
+    options = _parse_options(args.option)
+    info = entry.info(options)
+    layout = EpisodeLayout(max(1, len(info.suite)))
+    env = entry.build(options)
     console = _console()
-    table = Table(title=f"{args.task}: {args.episodes} episode(s), seed {args.seed}")
+    each = f" of each of {layout.groups} tasks" if info.suite else ""
+    table = Table(title=f"{args.task}: {args.episodes} episode(s){each}, seed {args.seed}")
     for col in ("episode", "attempt", "seed", "outcome", "frames", "segments (name [start,end) ok)"):
         table.add_column(col, overflow="fold")
     outcomes: Counter[str] = Counter()
     try:
         for record in run_episodes(env, task=args.task, episodes=args.episodes, job_seed=args.seed,
-                                   max_attempts=args.max_attempts):
+                                   max_attempts=args.max_attempts, cameras=info.cameras, layout=layout):
             if isinstance(record, AttemptEnded):
                 r = record.result
                 outcomes["committable" if r.committable else r.terminal_reason.value] += 1
                 segs = " ".join(f"{s.name}[{s.start_step},{s.end_step}){'' if s.success else '✗'}"
                                 for s in r.segments)
                 outcome = "success" if r.committable else (r.failure_reason or r.terminal_reason.value)
-                table.add_row(str(r.episode_index), str(r.attempt), str(r.seed), outcome, str(r.length), segs)
+                label = f"{r.episode_index} {r.task}" if info.suite else str(r.episode_index)
+                table.add_row(label, str(r.attempt), str(r.seed), outcome, str(r.length), segs)
     finally:
         env.close()
     console.print(table)
@@ -172,21 +203,34 @@ def cmd_generate(args: argparse.Namespace) -> int:
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
                         disable=not console.is_terminal)
-    bar = progress.add_task(f"{spec.task}", total=spec.episodes, detail="")
     last_line = [0.0]
+    finished_tasks: set[str] = set()
 
     def on_progress(stats: JobStats) -> None:
+        target = stats.target
         detail = (f"discarded {sum(stats.discarded.values())}  {stats.frames_per_s():.0f} frames/s  "
                   f"queues {stats.queue_depths()}")
-        progress.update(bar, completed=min(stats.total_committed, spec.episodes), detail=detail)
+        if stats.per_task:  # a suite: the task being worked on, and a line for each task as it completes
+            working = next((t for t, n in stats.per_task.items() if n < stats.per_task_target), None)
+            if working is not None:
+                detail = f"{working} {stats.per_task[working]}/{stats.per_task_target}  {detail}"
+            for task, count in stats.per_task.items():
+                if count >= stats.per_task_target and task not in finished_tasks:
+                    finished_tasks.add(task)
+                    console.print(f"{task}: {count}/{stats.per_task_target} committed", markup=False)
+        progress.update(bar, completed=min(stats.total_committed, target), detail=detail)
         if not console.is_terminal:
             import time
-            if time.monotonic() - last_line[0] > 5 or stats.total_committed >= spec.episodes:
+            if time.monotonic() - last_line[0] > 5 or stats.total_committed >= target:
                 last_line[0] = time.monotonic()
-                console.print(f"committed {stats.total_committed}/{spec.episodes}  {detail}")
+                console.print(f"committed {stats.total_committed}/{target}  {detail}", markup=False)
 
     runner = JobRunner(spec, args.store, on_progress, executor=executor,
                        on_event=lambda line: console.print(line, markup=False, highlight=False))
+    if runner.info.suite:
+        console.print(f"{spec.task}: {len(runner.info.suite)} tasks x {spec.episodes} episode(s) = {runner.target}",
+                      markup=False)
+    bar = progress.add_task(f"{spec.task}", total=runner.target, detail="")
     with progress:
         progress.update(bar, completed=0)
         report = anyio.run(lambda: runner.run(handle_signals=True))
@@ -198,6 +242,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
               f"committed in {args.store} ({report.committed_this_run} this run, {report.frames_this_run} frames, "
               f"{report.frames_this_run / max(report.elapsed_s, 1e-9):.0f} frames/s, {report.elapsed_s:.1f} s); "
               f"discarded attempts: {discarded}; abandoned episodes: {report.abandoned}")
+    for task in report.per_task:  # a suite: the tasks that did not reach their target, or lost episodes
+        if task.committed < spec.episodes or task.abandoned:
+            out.print(f"  {task.task}: {task.committed}/{spec.episodes} committed"
+                      + (f", {task.abandoned} episode(s) abandoned (all {spec.max_attempts} attempts failed, "
+                         "--max-attempts)" if task.abandoned else "")
+                      + (", given up: too many abandoned in a row" if task.runaway else ""), markup=False)
+    given_up = [t for t in report.per_task if t.runaway is not None]
+    if given_up:
+        _console(stderr=True).print(
+            f"demoforge generate: error: gave up {len(given_up)} task(s) of the suite; "
+            + "; ".join(f"{t.task}: {t.runaway.describe()}" for t in given_up if t.runaway)
+            + f". The {report.committed_total} committed episode(s) are kept; fix the task(s) (try `demoforge run "
+            f"--task {given_up[0].task}`), then re-run the same command to resume.", markup=False)
+        return EXIT_FAIL
     if report.runaway is not None:
         _console(stderr=True).print(f"demoforge generate: error: stopped because {report.runaway.describe()}. "
                                     f"The {report.committed_total} committed episode(s) are kept; fix the task "
@@ -247,6 +305,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     states = summary["attempts_by_state"]
     console.print("attempts: " + (", ".join(f"{k}={v}" for k, v in sorted(states.items())) or "none"))
     console.print(f"committed frames: {summary['committed_frames']}")
+    for task, by_state in summary.get("attempts_by_task", {}).items():
+        done = by_state.get("committed", 0) + by_state.get("exported", 0)
+        console.print(f"  {task}: {done} committed" + "".join(f", {n} {state}" for state, n in sorted(by_state.items())
+                                                              if state not in ("committed", "exported")), markup=False)
     if summary.get("pruned"):
         console.print(f"pruned: {summary['pruned']} exported episode(s) hold no staged data any more "
                       "(`demoforge prune`); the dataset has them")
@@ -485,7 +547,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 #: The example each command's --help ends with (a test checks every command has one).
 EXAMPLES = {
     "tasks": "demoforge tasks fetch-pick-place",
-    "run": "demoforge run --task fetch-pick-place --episodes 2 --option cycles=1",
+    "run": "demoforge run --task metaworld-pick-place-v3 --episodes 2 --option camera=none",
     "generate": "demoforge generate --task fetch-pick-place --episodes 10 --store runs/fetch --export runs/fetch-dataset",
     "export": "demoforge export --store runs/fetch --store runs/fetch-2cycles --out runs/fetch-dataset",
     "validate": "demoforge validate runs/fetch-dataset --expect-segments 15",
@@ -530,7 +592,9 @@ def build_parser() -> argparse.ArgumentParser:
     def job_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--task", default=DEFAULT_TASK,
                        help="a task name (`demoforge tasks`), or package.module:factory for a task not installed")
-        p.add_argument("--episodes", type=int, default=10, help="episodes to commit (the job's target)")
+        p.add_argument("--episodes", type=int, default=10,
+                       help="episodes to commit (the job's target); for a suite such as metaworld-mt10, of each "
+                            "of its tasks")
         p.add_argument("--seed", type=int, default=0,
                        help="job seed: each attempt's env seed is derived from (seed, episode, attempt)")
         p.add_argument("--max-attempts", type=int, default=3,

@@ -16,6 +16,11 @@ Optional task methods (all looked up the same way):
 - ``demo_record(observation) -> RecordedObservation``: which state vectors and camera images a frame
   records. Without it an array observation is recorded as ``observation.state`` and no camera.
 - ``demo_instruction() -> str``: the episode's language instruction (LeRobot's "task").
+- ``demo_select_episode(episode_index) -> str | None``: called before each attempt's reset with the job's
+  episode index. A suite (several tasks in one job, ``pipeline/tasks/suite.py``) becomes the member task that
+  owns the index and returns its name, which the episode records as its task.
+
+A reactive expert (observation -> action) becomes segments through ``pipeline/reactive.py``.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from demoforge.pipeline.records import (
     AttemptStarted,
     EpisodeAbandoned,
     EpisodeAssignment,
+    EpisodeLayout,
     Frame,
     Record,
     WorkSource,
@@ -58,17 +59,17 @@ def derive_seed(job_seed: int, episode_index: int, attempt: int) -> int:
 
 
 class EpisodeRange:
-    """A simple work source: episode indices ``start .. start+count-1``, each from attempt 0."""
+    """A simple work source: episode indices ``start .. start+count-1``, each from attempt 0; with a suite's
+    ``layout``, those ``count`` episodes of every member in turn."""
 
-    def __init__(self, count: int, start: int = 0) -> None:
-        self._next = start
-        self._end = start + count
+    def __init__(self, count: int, start: int = 0, layout: EpisodeLayout | None = None) -> None:
+        layout = layout or EpisodeLayout()
+        self._indices = iter([layout.index(group, k) for group in range(layout.groups)
+                              for k in range(start, start + count)])
 
     def next_episode(self, wait: bool = True) -> EpisodeAssignment | None:
-        if self._next >= self._end:
-            return None
-        self._next += 1
-        return EpisodeAssignment(self._next - 1)
+        index = next(self._indices, None)
+        return None if index is None else EpisodeAssignment(index)
 
 
 # ----------------------------------------------------------------------------------------- recording
@@ -497,6 +498,9 @@ class Executor:
                        self._cameras)
         slot.start(att)
         try:
+            select = find_task_method(att.env, "demo_select_episode")
+            if select is not None:  # a suite: become the member this episode belongs to, named as its task
+                att.task = str(att._task_call("demo_select_episode", select, key.episode_index) or self.task)
             try:
                 obs, _info = self.rows.reset_row(row, seed)
             except DemoError:
@@ -600,7 +604,9 @@ class Executor:
 
 
 def run_episodes(env: gym.Env | gym.vector.VectorEnv, *, task: str, episodes: int, job_seed: int = 0,
-                 max_attempts: int = 3, cameras: tuple[CameraSpec, ...] | None = None) -> Iterator[Record]:
-    """Convenience: run episodes ``0..episodes-1`` and yield every record (``cameras``: see :class:`Executor`)."""
+                 max_attempts: int = 3, cameras: tuple[CameraSpec, ...] | None = None,
+                 layout: EpisodeLayout | None = None) -> Iterator[Record]:
+    """Convenience: run episodes ``0..episodes-1`` (of every member of a suite's ``layout``) and yield every
+    record (``cameras``: see :class:`Executor`)."""
     yield from Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts,
-                        cameras=cameras).run(EpisodeRange(episodes))
+                        cameras=cameras).run(EpisodeRange(episodes, layout=layout))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from demoforge.pipeline.contract import SCHEMA_VERSION
+from demoforge.pipeline.records import EpisodeLayout
 from demoforge.pipeline.tasks.registry import TaskInfo, get_task
 from demoforge.storage.schema import Fingerprint, VideoIdentity
 
@@ -78,7 +79,10 @@ class VideoSettings:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What ``demoforge generate`` runs. Only the fingerprint's fields are fixed for the life of a store."""
+    """What ``demoforge generate`` runs. Only the fingerprint's fields are fixed for the life of a store.
+
+    ``episodes`` is the target of committed episodes of each task: a suite job ends with ``episodes`` of every
+    member (:meth:`target` in all)."""
 
     task: str
     episodes: int
@@ -109,6 +113,18 @@ class JobSpec:
 
     def task_info(self) -> TaskInfo:
         return get_task(self.task).info(self.task_options)
+
+    def layout(self, info: TaskInfo) -> EpisodeLayout:
+        """How the job's episode indices divide among its tasks (a suite's members), checked against ``episodes``."""
+        layout = EpisodeLayout(max(1, len(info.suite)))
+        if layout.groups > 1 and self.episodes > EpisodeLayout.STRIDE:
+            raise JobConfigError(f"a suite job asks for at most {EpisodeLayout.STRIDE:,} episodes of each of its "
+                                 f"tasks, got {self.episodes:,} ({info.name!r} has {layout.groups} tasks)")
+        return layout
+
+    def target(self, info: TaskInfo) -> int:
+        """Committed episodes the job ends with: ``episodes`` of each task (a suite has several)."""
+        return self.episodes * self.layout(info).groups
 
     def fingerprint(self, info: TaskInfo | None = None) -> Fingerprint:
         """Everything that shapes stored data: a store keeps one fingerprint for life."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import numpy as np
 
@@ -25,6 +25,24 @@ class ResumeState:
     committed: frozenset[int]
     spent_attempts: Mapping[int, int]
     quarantined: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class EpisodeLayout:
+    """How a job's episode indices divide among its tasks. A job of one task numbers its episodes 0, 1, 2, ...;
+    a suite of ``groups`` tasks gives member ``g`` the indices ``g * STRIDE + k``, so an index names its member
+    in every process (workers, replay) and an abandoned episode is replaced by another of the same member."""
+
+    groups: int = 1
+
+    STRIDE: ClassVar[int] = 1_000_000  # the most episodes one member of a suite can be asked for
+
+    def group(self, index: int) -> int:
+        return index // self.STRIDE if self.groups > 1 else 0
+
+    def index(self, group: int, k: int) -> int:
+        """The ``k``-th episode index of member ``group``."""
+        return group * self.STRIDE + k if self.groups > 1 else k
 
 
 @dataclass(frozen=True)

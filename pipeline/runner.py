@@ -53,6 +53,9 @@ class JobStats:
     started_at: float = field(default_factory=time.monotonic)
     queues: dict[str, MemoryObjectSendStream[Any]] = field(default_factory=dict)
     busy: dict[str, float] = field(default_factory=dict)  # seconds of work per stage
+    # a suite's committed episodes per member task (this run's and earlier runs'); empty for one task
+    per_task: Counter[str] = field(default_factory=Counter)
+    per_task_target: int = 0  # episodes of each member
 
     @property
     def total_committed(self) -> int:
@@ -64,6 +67,16 @@ class JobStats:
 
     def queue_depths(self) -> dict[str, int]:
         return {name: s.statistics().current_buffer_used for name, s in self.queues.items()}
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """One member task of a suite at the end of a run."""
+
+    task: str
+    committed: int  # in the store, this run's and earlier runs'
+    abandoned: int  # this run
+    runaway: RunawayStop | None = None  # set when the member was given up: too many abandoned in a row
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,8 @@ class JobReport:
     recovery: RecoveryReport
     interrupted: bool
     runaway: RunawayStop | None = None  # set when the job stopped itself: too many episodes abandoned in a row
+    # a suite's members, in the suite's order; empty for a job of one task
+    per_task: tuple[TaskOutcome, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -99,13 +114,15 @@ class JobRunner:
         self.store_dir = Path(store_dir)
         self.entry = get_task(spec.task)
         self.info = self.entry.info(spec.task_options)
+        self.layout = spec.layout(self.info)
+        self.target = spec.target(self.info)
         self.on_progress = on_progress
         self.on_outcome = on_outcome
         self._stop = threading.Event()
         self._planner: EpisodePlanner | None = None
         self._token: Any = None
         self._loop_thread: int | None = None
-        self.stats = JobStats(target=spec.episodes)
+        self.stats = JobStats(target=self.target)
 
     def stop(self) -> None:
         """Stop now: in-flight attempts end as interrupted (discarded); committed ones are kept."""
@@ -148,11 +165,16 @@ class JobRunner:
         try:
             resume = store.catalog.resume_state()
             planner = self._planner = EpisodePlanner(spec.episodes, resume, spec.max_attempts,
-                                                     spec.max_consecutive_abandoned)
+                                                     spec.max_consecutive_abandoned, self.layout)
             self._token = anyio.lowlevel.current_token()
             self._loop_thread = threading.get_ident()
             stats = self.stats
             stats.committed_before = len(resume.committed)
+            members = info.suite
+            if members:
+                stats.per_task_target = spec.episodes
+                stats.per_task.update({m: 0 for m in members})
+                stats.per_task.update(members[self.layout.group(i)] for i in resume.committed)
             q = spec.queue_frames
             assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](0)
             step_send, step_recv = anyio.create_memory_object_stream[Record](q)
@@ -165,6 +187,8 @@ class JobRunner:
                 if result.committable:
                     stats.committed += 1
                     stats.frames += item.ended.frames
+                    if members:
+                        stats.per_task[result.task] += 1
                 else:
                     stats.discarded[result.terminal_reason.value] += 1
                 stats.attempts += 1
@@ -206,12 +230,16 @@ class JobRunner:
                 await commit_stage(write_recv, staging=store.staging, catalog=store.catalog, planner=planner,
                                    on_outcome=on_outcome, delay_s=delays.get("commit", 0.0), busy=stats.busy)
                 tg.cancel_scope.cancel()  # only the signal watcher can still be running
-            return JobReport(store=self.store_dir, target=spec.episodes,
+            return JobReport(store=self.store_dir, target=self.target,
                              committed_total=stats.total_committed, committed_this_run=stats.committed,
                              discarded=dict(stats.discarded), abandoned=len(planner.abandoned),
                              frames_this_run=stats.frames, elapsed_s=time.monotonic() - stats.started_at,
                              recovery=store.recovery, interrupted=self._stop.is_set(),
-                             runaway=planner.runaway)
+                             runaway=planner.runaway, per_task=tuple(
+                                 TaskOutcome(m, planner.committed_of(g),
+                                             sum(1 for i in planner.abandoned if self.layout.group(i) == g),
+                                             planner.given_up.get(g))
+                                 for g, m in enumerate(members)))
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(release_unfinished, store.catalog, store.staging)

@@ -54,7 +54,8 @@ async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt
 
                 await anyio.to_thread.run_sync(discard)
                 planner.attempt_discarded(f"{result.terminal_reason.value}: {result.failure_reason}"
-                                          if result.failure_reason else result.terminal_reason.value)
+                                          if result.failure_reason else result.terminal_reason.value,
+                                          ended.key.episode_index)
             busy["commit"] = busy.get("commit", 0.0) + time.perf_counter() - mark
             if on_outcome is not None:
                 on_outcome(item)

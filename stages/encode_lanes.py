@@ -220,7 +220,8 @@ class LaneSet:
 
     # ------------------------------------------------------------------------------------ shared
     def _ready(self) -> int:
-        return min(len(lane.results) for lane in self.lanes.values())
+        """Jobs whose result every lane has delivered (with no camera, every job submitted and not yet taken)."""
+        return min((len(lane.results) for lane in self.lanes.values()), default=self._submitted - self._taken)
 
     def _wake(self) -> None:
         if self._event is not None:

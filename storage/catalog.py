@@ -448,6 +448,14 @@ class Catalog:
         frames = self._query("SELECT COALESCE(SUM(frames), 0) FROM attempts WHERE state IN (?, ?)", READABLE_STATES)
         recovery = [{"at": at, "action": a, "detail": d}
                     for at, a, d in self._query("SELECT at, action, detail FROM recovery ORDER BY id")]
-        return {"attempts_by_state": dict(by_state), "discarded_by_reason": dict(reasons),
-                "committed_frames": int(frames[0][0]) if frames else 0, "pruned": len(self.pruned_ids()),
-                "recovery": recovery}
+        by_task: dict[str, dict[str, int]] = {}
+        for task, state, count in self._query(
+                "SELECT json_extract(record, '$.task'), state, COUNT(*) FROM attempts WHERE record IS NOT NULL "
+                "GROUP BY 1, 2"):
+            by_task.setdefault(str(task), {})[state] = count
+        out = {"attempts_by_state": dict(by_state), "discarded_by_reason": dict(reasons),
+               "committed_frames": int(frames[0][0]) if frames else 0, "pruned": len(self.pruned_ids()),
+               "recovery": recovery}
+        if len(by_task) > 1:  # a suite: attempts by state for each member task
+            out["attempts_by_task"] = dict(sorted(by_task.items()))
+        return out

@@ -149,8 +149,10 @@ class StoreSource(EpisodeSource):
                                 depth_video=fingerprint.depth_video)
 
     def episodes(self) -> list[EpisodeRef]:
+        # A suite's episode records its member task: replay builds that task, not the suite.
         return [EpisodeRef(number=r.episode_index, label=f"episode {r.episode_index} ({r.episode_id})",
-                           task=self.schema.task, seed=int(r.seed), attempt=int(r.attempt), frames=int(r.frames or 0))
+                           task=str((r.record or {}).get("task") or self.schema.task), seed=int(r.seed),
+                           attempt=int(r.attempt), frames=int(r.frames or 0))
                 for r in sorted(self._rows.values(), key=lambda r: r.episode_index)]
 
     def load(self, ref: EpisodeRef) -> RecordedEpisode:

@@ -43,7 +43,10 @@ class MarkerError(ValueError):
 
 
 def camera_key(camera: str) -> str:
-    return f"observation.images.{camera}"
+    """A camera's LeRobot feature key: ``observation.images.<camera>``, except that a camera named
+    ``observation.<name>`` is exported under exactly that key (``observation.image``: the single image
+    LeRobot's Meta-World, PushT and similar envs give a policy)."""
+    return camera if camera.startswith("observation.") else f"observation.images.{camera}"
 
 
 def annotation_key(name: str) -> str:

@@ -7,6 +7,7 @@ need to start a simulator.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import math
@@ -124,6 +125,8 @@ class TaskInfo:
     options: Mapping[str, Any] = field(default_factory=dict)
     action_names: tuple[str, ...] | None = None
     robot_type: str | None = None
+    # A suite's member tasks (registered names, same features): each episode is one member's (pipeline/tasks/suite.py)
+    suite: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,11 @@ class TaskEntry:
 _BUILTIN_MODULES = {
     "fetch-pick-place": "demoforge.pipeline.tasks.fetch_pick_place",
     "aloha-transfer-cube": "demoforge.pipeline.tasks.aloha_transfer_cube",
+}
+# Built-in families: every name with the prefix is registered when the module is imported; its ``task_names()``
+# lists them without importing a simulator.
+_BUILTIN_FAMILIES = {
+    "metaworld-": "demoforge.pipeline.tasks.metaworld",
 }
 _REGISTRY: dict[str, TaskEntry] = {}
 DEFAULT_TASK = "fetch-pick-place"
@@ -304,6 +312,9 @@ def get_task(name: str) -> TaskEntry:
     """The task called ``name``: built-in, registered, an installed entry point, or a ``module:factory`` spec."""
     if name not in _REGISTRY and name in _BUILTIN_MODULES:
         importlib.import_module(_BUILTIN_MODULES[name])
+    family = next((module for prefix, module in _BUILTIN_FAMILIES.items() if name.startswith(prefix)), None)
+    if name not in _REGISTRY and family is not None:
+        importlib.import_module(family)
     if name not in _REGISTRY:
         _load_task_modules()
     if name not in _REGISTRY:
@@ -317,8 +328,18 @@ def get_task(name: str) -> TaskEntry:
     if name in _FAILURES:
         raise TaskPluginError(str(_FAILURES[name]))
     hint = "; ".join(str(f) for f in plugin_failures())
-    raise UnknownTaskError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}"
-                           + (f" (also: {hint})" if hint else ""))
+    known = task_names()
+    close = difflib.get_close_matches(name, known, n=5, cutoff=0.6)
+    listing = (f"did you mean {', '.join(close)}? (demoforge tasks lists all {len(known)})" if close
+               else f"known tasks: {', '.join(known)}")
+    raise UnknownTaskError(f"unknown task {name!r}; {listing}" + (f" (also: {hint})" if hint else ""))
+
+
+def _family_names() -> set[str]:
+    names: set[str] = set()
+    for module in _BUILTIN_FAMILIES.values():
+        names.update(importlib.import_module(module).task_names())
+    return names
 
 
 def task_names() -> list[str]:
@@ -326,4 +347,4 @@ def task_names() -> list[str]:
     _load_task_modules()
     for ep in _entry_points().values():
         _load_entry_point(ep)
-    return sorted(set(_REGISTRY) | set(_BUILTIN_MODULES))
+    return sorted(set(_REGISTRY) | set(_BUILTIN_MODULES) | _family_names())

@@ -1,0 +1,333 @@
+"""Built-in task family ``metaworld-<env>``: Meta-World v3's 50 tasks with their own scripted experts, and suites.
+
+Each task is a Meta-World 3.0.0 env built exactly as LeRobot 0.6.1's Meta-World evaluation env builds it
+(``lerobot/envs/metaworld.py``: ``MT1(env, seed=42)``, its first train task, camera ``corner2`` moved as LeRobot
+moves it, resets seeded through ``env.seed(seed)``), and recorded as that env hands frames to a policy, so a
+dataset made here is what ``lerobot-eval --env.type=metaworld`` evaluates against: ``observation.image`` is
+``corner2`` flipped on both axes, 480x480, shadows on; ``observation.state`` the 4-d agent position (hand xyz
+and gripper opening); a 4-d action; 80 fps; LeRobot's description of the env as the episode's task.
+
+The expert is the env's own ``metaworld.policies`` policy. It is reactive, and
+:func:`demoforge.pipeline.reactive.reactive_segments` cuts it into segments at the steps where it switches
+phase (``metaworld_phases.py`` names the phases of each expert's branches). Success is the env's own
+``info["success"]``: the episode ends at the first step that reports it (as LeRobot's env terminates there); an
+expert that has not succeeded by ``max_steps`` is truncated, and the attempt retried.
+
+Suites (``metaworld-mt10``, ``-mt50`` and LeRobot's difficulty groups ``-easy``, ``-medium``, ``-hard``,
+``-very-hard``) run N episodes of every member task in one store (see ``pipeline/tasks/suite.py``).
+
+Nothing here imports metaworld until an env is built: listing and describing the tasks reads LeRobot's
+``metaworld_config.json`` as data.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import warnings
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from demoforge.pipeline.contract import RecordedObservation
+from demoforge.pipeline.reactive import Phase, ReturnBranch, reactive_segments
+from demoforge.pipeline.tasks.metaworld_phases import PHASES, ExpertPhases
+from demoforge.pipeline.tasks.mujoco_gl import DepthCamera, close_renderer, render_rgb
+from demoforge.pipeline.tasks.registry import (
+    CameraSpec,
+    TaskDefinitionError,
+    TaskEntry,
+    TaskInfo,
+    TaskOptionError,
+    depth_camera,
+    register,
+)
+from demoforge.pipeline.tasks.suite import TaskSuiteEnv
+
+PREFIX = "metaworld-"
+SUPPORTED_METAWORLD = "3.0.0"  # the version lerobot[metaworld] 0.6.1 pins; the phase tables are written for it
+FPS = 80  # LeRobot's MetaworldEnv config (frame_skip 5 x timestep 2.5 ms)
+CAMERAS = ("corner2", "corner", "corner3", "topview", "behindGripper", "gripperPOV")  # the scene's cameras
+LEROBOT_CAMERA = "corner2"  # the camera LeRobot's env renders (and flips on both axes)
+IMAGE_KEY = "observation.image"  # the one image LeRobot's Meta-World env gives a policy
+STATE_KEY = "observation.state"
+MAX_STEPS = 500  # the env's own max_path_length, the episode length LeRobot evaluates with
+DEFAULTS: Mapping[str, Any] = {"camera": LEROBOT_CAMERA, "image_size": 480, "shadows": True, "depth": False,
+                               "max_steps": MAX_STEPS}
+IMAGE_SIZE_RANGE = (32, 1024)
+# Meta-World's MT10 (metaworld.env_dict.MT10_V3, in its order; a test checks it against the installed package).
+MT10 = ("reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
+        "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3")
+# suite name -> where its members come from: MT10 above, MT50 in LeRobot's task-id order, the difficulty groups
+SUITES = {"mt10": "MT10", "mt50": "TASK_NAME_TO_ID", "easy": "easy", "medium": "medium", "hard": "hard",
+          "very-hard": "very_hard"}
+
+
+class MetaWorldVersionError(TaskDefinitionError):
+    """The installed metaworld is not the version demoforge's Meta-World tasks are written for."""
+
+
+# -------------------------------------------------------------------------------------- LeRobot's config
+@cache
+def lerobot_config() -> Mapping[str, Any]:
+    """LeRobot's ``metaworld_config.json`` (task descriptions, ids, difficulty groups), read as data: importing
+    ``lerobot.envs.metaworld`` would import metaworld and torch."""
+    spec = importlib.util.find_spec("lerobot")
+    if spec is None or not spec.submodule_search_locations:
+        raise TaskDefinitionError("lerobot is not installed; the Meta-World tasks read its metaworld_config.json")
+    path = Path(list(spec.submodule_search_locations)[0]) / "envs" / "metaworld_config.json"
+    return json.loads(path.read_text())
+
+
+def env_names() -> tuple[str, ...]:
+    """The 50 Meta-World v3 envs, in LeRobot's task-id order."""
+    ids = lerobot_config()["TASK_NAME_TO_ID"]
+    return tuple(sorted(ids, key=ids.__getitem__))
+
+
+def suite_members(suite: str) -> tuple[str, ...]:
+    source = SUITES[suite]
+    if source == "MT10":
+        return MT10
+    if source == "TASK_NAME_TO_ID":
+        return env_names()
+    return tuple(lerobot_config()["DIFFICULTY_TO_TASKS"][source])
+
+
+def task_names() -> tuple[str, ...]:
+    """Every name this family registers: one task per env, then the suites."""
+    return tuple(PREFIX + env for env in env_names()) + tuple(PREFIX + suite for suite in SUITES)
+
+
+def description(env: str) -> str:
+    return str(lerobot_config()["TASK_DESCRIPTIONS"][env])
+
+
+def check_version() -> None:
+    try:
+        installed = importlib.metadata.version("metaworld")
+    except importlib.metadata.PackageNotFoundError:
+        raise MetaWorldVersionError(f"metaworld is not installed; the Meta-World tasks need metaworld=="
+                                    f"{SUPPORTED_METAWORLD} (bash tools/setup.sh installs it)") from None
+    if installed != SUPPORTED_METAWORLD:
+        raise MetaWorldVersionError(f"metaworld {installed} is installed; demoforge's Meta-World tasks are written "
+                                    f"for metaworld=={SUPPORTED_METAWORLD} (its experts' branches name the segments, "
+                                    f"and LeRobot 0.6.1 evaluates on it): pip install metaworld=={SUPPORTED_METAWORLD}")
+
+
+# ------------------------------------------------------------------------------------------- options
+def _cameras(options: Mapping[str, Any]) -> tuple[str, ...]:
+    raw = str(options["camera"]).strip()
+    return () if raw == "none" else tuple(c.strip() for c in raw.split(",") if c.strip())
+
+
+def check(options: Mapping[str, Any]) -> None:
+    check_version()
+    cameras = _cameras(options)
+    unknown = [c for c in cameras if c not in CAMERAS]
+    if unknown or len(set(cameras)) != len(cameras) or (not cameras and str(options["camera"]).strip() != "none"):
+        raise TaskOptionError(f"Meta-World option 'camera' must be one or more of {', '.join(CAMERAS)} "
+                              f"(comma-separated, each once) or none; got {options['camera']!r}")
+    if options["depth"] and not cameras:
+        raise TaskOptionError("Meta-World option 'depth' needs a camera (camera=none records no image)")
+    low, high = IMAGE_SIZE_RANGE
+    if not low <= options["image_size"] <= high:
+        raise TaskOptionError(f"Meta-World option 'image_size' must be in {low}..{high}, got {options['image_size']!r}")
+    if not 1 <= options["max_steps"] <= MAX_STEPS:
+        raise TaskOptionError(f"Meta-World option 'max_steps' must be in 1..{MAX_STEPS} (the env's own limit), got "
+                              f"{options['max_steps']!r}")
+
+
+def camera_specs(options: Mapping[str, Any]) -> tuple[CameraSpec, ...]:
+    """One camera is recorded as ``observation.image`` (LeRobot's key); several under their own names."""
+    cameras, size = _cameras(options), int(options["image_size"])
+    rgb = [CameraSpec(IMAGE_KEY if len(cameras) == 1 else c, size, size) for c in cameras]
+    return tuple(rgb) + (tuple(depth_camera(c) for c in rgb) if options["depth"] else ())
+
+
+def _describe(env: str, options: Mapping[str, Any]) -> TaskInfo:
+    return TaskInfo(
+        name=PREFIX + env,
+        description=f"Meta-World {env}: {description(env)} (metaworld {SUPPORTED_METAWORLD}'s scripted expert, "
+                    "segmented at its phase changes; as LeRobot's Meta-World env renders it)",
+        instruction=description(env), fps=FPS, action_shape=(4,), state_shapes={STATE_KEY: (4,)},
+        cameras=camera_specs(options), segment_names=PHASES[env].names(), options=dict(options),
+        action_names=("dx", "dy", "dz", "gripper"), robot_type="sawyer")
+
+
+def _describe_suite(suite: str, options: Mapping[str, Any]) -> TaskInfo:
+    members = suite_members(suite)
+    names = tuple(dict.fromkeys(n for env in members for n in PHASES[env].names()))
+    return TaskInfo(
+        name=PREFIX + suite,
+        description=f"Meta-World suite {suite}: {len(members)} tasks ({', '.join(members[:3])}, ...), N episodes "
+                    "of each in one store, each task with its own expert and LeRobot's description as its task",
+        instruction="; ".join(description(env) for env in members[:1]) + " (one per member task)", fps=FPS,
+        action_shape=(4,), state_shapes={STATE_KEY: (4,)}, cameras=camera_specs(options), segment_names=names,
+        options=dict(options), action_names=("dx", "dy", "dz", "gripper"), robot_type="sawyer",
+        suite=tuple(PREFIX + env for env in members))
+
+
+# ------------------------------------------------------------------------------------------ the expert
+class MetaWorldExpert:
+    """A Meta-World policy as a :class:`~demoforge.pipeline.reactive.ReactiveExpert`: its action, and the phase
+    named by the branches its ``_desired_pos`` and ``_grab_effort`` returned from."""
+
+    def __init__(self, env: str) -> None:
+        from metaworld.policies import ENV_POLICY_MAP
+
+        self.env = env
+        policy_class: Any = ENV_POLICY_MAP[env]
+        self.policy = policy_class()
+        self.phases: ExpertPhases = PHASES[env]
+        cls: Any = type(self.policy)
+        self._target = None if self.phases.branch else ReturnBranch(cls._desired_pos)
+        self._grip = ReturnBranch(cls._grab_effort) if hasattr(cls, "_grab_effort") else None
+        self._cache: dict[str, Phase] = {}
+
+    def decide(self, observation: Any) -> tuple[Any, Phase]:
+        for probe in (self._target, self._grip):
+            if probe is not None:
+                probe.clear()
+        with warnings.catch_warnings():  # "Constant(s) may be too high": the env clips actions to [-1, 1]
+            warnings.simplefilter("ignore")
+            action = self.policy.get_action(observation)
+        if self.phases.branch is not None:
+            target: int | None = self.phases.branch(self.policy._parse_obs(observation))
+        else:
+            assert self._target is not None
+            target = self._target.last()
+        grip = self._grip.last() if self._grip is not None else None
+        return np.asarray(action, dtype=np.float32), self._phase(self.phases.name(target, grip))
+
+    def _phase(self, name: str) -> Phase:
+        phase = self._cache.get(name)
+        if phase is None:
+            phase = self._cache[name] = Phase(name, self.phases.instructions[name], self.phases.obj,
+                                              {"expert": type(self.policy).__name__})
+        return phase
+
+
+# --------------------------------------------------------------------------------------------- the env
+def _build_env(env: str, camera: str | None, size: int) -> Any:
+    """The env as LeRobot 0.6.1's ``MetaworldEnv._ensure_env`` builds it (its recipe, step by step)."""
+    import metaworld
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        benchmark = metaworld.MT1(env, seed=42)
+        kwargs: dict[str, Any] = {}
+        if camera is not None:
+            kwargs = {"render_mode": "rgb_array", "camera_name": camera, "width": size, "height": size}
+        sawyer = benchmark.train_classes[env](**kwargs)
+        sawyer.set_task(benchmark.train_tasks[0])
+        if camera == LEROBOT_CAMERA:
+            sawyer.model.cam_pos[2] = [0.75, 0.075, 0.7]
+        sawyer.reset()
+    sawyer._freeze_rand_vec = False  # otherwise every reset would give the same scene
+    sawyer.seeded_rand_vec = True  # reset(seed) controls the object positions
+    return sawyer
+
+
+class MetaWorldTask(gym.Wrapper):
+    """One Meta-World env with its expert: seeded like LeRobot's env, terminating at success, recording the agent
+    position and the configured cameras as LeRobot's env returns them."""
+
+    def __init__(self, env: str, options: Mapping[str, Any]) -> None:
+        cameras = _cameras(options)
+        size = int(options["image_size"])
+        sawyer = _build_env(env, cameras[0] if cameras else None, size)
+        sawyer.max_path_length = int(options["max_steps"])
+        if not options["shadows"]:
+            sawyer.model.light_castshadow[:] = 0
+        super().__init__(sawyer)
+        self.name = env
+        self.expert = MetaWorldExpert(env)
+        self._specs = camera_specs(options)
+        import mujoco
+
+        self._camera_ids = [int(mujoco.mj_name2id(sawyer.model, mujoco.mjtObj.mjOBJ_CAMERA, c)) for c in cameras]
+        self._cameras = cameras
+        self._depth = DepthCamera(sawyer.model, size, size) if options["depth"] else None
+        self._last: Any = None
+
+    @property
+    def _sawyer(self) -> Any:
+        return self.env.unwrapped
+
+    # -- gym API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if seed is not None:
+            self._sawyer.seed(seed)  # LeRobot's env seeds this way: reset() itself ignores the seed
+        observation, info = self.env.reset(seed=seed, options=options)
+        self._last = observation
+        return observation, info
+
+    def step(self, action: Any):
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        self._last = observation
+        return observation, reward, bool(terminated or info.get("success", 0)), truncated, info
+
+    def close(self) -> None:
+        if self._depth is not None:
+            self._depth.close()
+            self._depth = None
+        renderer = getattr(self._sawyer, "mujoco_renderer", None)
+        if renderer is not None and self._cameras:
+            close_renderer(renderer)
+        super().close()
+
+    # -- task protocol
+    def create_demo_segments(self) -> Any:
+        return reactive_segments(self.expert, lambda: self._last)
+
+    def demo_record(self, observation: Any) -> RecordedObservation:
+        state = {STATE_KEY: np.asarray(observation[:4], dtype=np.float32)}
+        images: dict[str, np.ndarray] = {}
+        renderer = self._sawyer.mujoco_renderer if self._cameras else None
+        rgb_specs = [s for s in self._specs if not s.is_depth]
+        for spec, camera, camera_id in zip(rgb_specs, self._cameras, self._camera_ids):
+            frame = render_rgb(renderer, camera_id)
+            images[spec.name] = _as_lerobot_returns(frame, camera)
+        if self._depth is not None:
+            for spec, camera in zip(rgb_specs, self._cameras):
+                depth = self._depth.render(self._sawyer.data, camera)
+                images[depth_camera(spec).name] = _as_lerobot_returns(depth, camera)
+        return RecordedObservation(state=state, images=images)
+
+    def demo_success(self, observation: Any, info: Mapping[str, Any]) -> bool:
+        return bool(info.get("success", 0))
+
+    def demo_hold_action(self) -> np.ndarray:
+        return np.zeros(4, dtype=np.float32)  # delta control: no motion, no gripper effort
+
+    def demo_instruction(self) -> str:
+        return description(self.name)
+
+
+def _as_lerobot_returns(image: np.ndarray, camera: str) -> np.ndarray:
+    """LeRobot's env flips the corner2 camera on both axes (it renders upside down); others it does not render."""
+    return np.ascontiguousarray(np.flip(image, (0, 1))) if camera == LEROBOT_CAMERA else image
+
+
+# ---------------------------------------------------------------------------------------- registry
+def _entry(env: str) -> TaskEntry:
+    return TaskEntry(name=PREFIX + env, defaults=DEFAULTS, describe=lambda options: _describe(env, options),
+                     make_env=lambda options: MetaWorldTask(env, options), check=check)
+
+
+def _suite_entry(suite: str) -> TaskEntry:
+    members = tuple(PREFIX + env for env in suite_members(suite))
+    return TaskEntry(name=PREFIX + suite, defaults=DEFAULTS, describe=lambda options: _describe_suite(suite, options),
+                     make_env=lambda options: TaskSuiteEnv(
+                         members, lambda member: MetaWorldTask(member.removeprefix(PREFIX), options)),
+                     check=check)
+
+
+ENTRIES = tuple(register(_entry(env)) for env in env_names()) + \
+    tuple(register(_suite_entry(suite)) for suite in SUITES)

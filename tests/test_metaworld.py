@@ -1,0 +1,222 @@
+"""Meta-World as a built-in task family: all 50 tasks with their own reactive experts, segmented at the experts'
+phase changes, recorded as LeRobot's evaluation env shows them, and suites of them in one resumable store."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import Counter
+from itertools import groupby
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from demoforge.pipeline.executor import run_episodes
+from demoforge.pipeline.records import AttemptEnded
+from demoforge.pipeline.tasks import metaworld as mw
+from demoforge.pipeline.tasks.metaworld_phases import PHASES
+from demoforge.pipeline.tasks.registry import get_task, task_names
+from helpers import run_cli
+
+pytestmark = pytest.mark.slow
+NO_CAMERA = {"camera": "none"}
+SMALL = ("--option", "image_size=64", "--option", "shadows=false", "--codec", "h264")
+
+
+def committed_identity(store: Path) -> list[tuple]:
+    from demoforge.storage.reader import open_store_reader
+
+    with open_store_reader(store) as view:
+        return [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash, (r.record or {}).get("task"))
+                for r in view.catalog.committed()]
+
+
+# ------------------------------------------------------------------------------------------ the family
+def test_the_family_is_the_installed_metaworld_and_lerobots_config() -> None:
+    import metaworld.env_dict
+    from metaworld.policies import ENV_POLICY_MAP
+
+    from demoforge.pipeline.reactive import ReturnBranch
+
+    assert mw.MT10 == tuple(metaworld.env_dict.MT10_V3)
+    envs = set(mw.env_names())
+    assert len(envs) == 50 and envs == set(metaworld.env_dict.ALL_V3_ENVIRONMENTS) == set(ENV_POLICY_MAP) == set(PHASES)
+    names = set(task_names())
+    assert {mw.PREFIX + e for e in envs} | {f"metaworld-{s}" for s in ("mt10", "mt50", "easy", "hard")} <= names
+    groups = mw.lerobot_config()["DIFFICULTY_TO_TASKS"]
+    assert [len(mw.suite_members(s)) for s in ("mt10", "mt50", "easy", "medium", "hard", "very-hard")] == \
+        [10, 50, len(groups["easy"]), len(groups["medium"]), len(groups["hard"]), len(groups["very_hard"])]
+    for env, phases in PHASES.items():  # the tables fit the experts' code they name
+        policy = type(ENV_POLICY_MAP[env]())
+        if phases.branch is None:
+            assert ReturnBranch(policy._desired_pos).count == len(phases.targets), env
+        grips = ReturnBranch(policy._grab_effort).count if hasattr(policy, "_grab_effort") else 0
+        assert all(t < len(phases.targets) and g < grips for t, g in phases.overrides), env
+        assert set(phases.names()) <= set(phases.instructions), env
+        info = get_task(mw.PREFIX + env).info(NO_CAMERA)
+        assert info.instruction == mw.description(env) and info.fps == 80 and info.cameras == ()
+
+
+def test_every_mt50_task_builds_and_its_expert_is_cut_at_its_phase_changes() -> None:
+    for env_name in mw.env_names():
+        task = mw.PREFIX + env_name
+        env = get_task(task).build(NO_CAMERA)
+        decided: list[str] = []
+        decide = env.expert.decide
+
+        def logging_decide(observation, decide=decide):
+            action, phase = decide(observation)
+            decided.append(phase.name)
+            return action, phase
+
+        env.expert.decide = logging_decide
+        try:
+            results = [r.result for r in run_episodes(env, task=task, episodes=1, job_seed=3, max_attempts=5)
+                       if isinstance(r, AttemptEnded)]
+        finally:
+            env.close()
+        result = results[-1]
+        assert result.committable, (task, [r.failure_reason for r in results])
+        segments = result.segments
+        # one decision per step of the committed attempt; its runs of equal phases are exactly the segments
+        runs = [(name, len(list(group))) for name, group in groupby(decided[-result.length:])]
+        assert [(s.name, s.length) for s in segments] == runs, task
+        assert segments[0].start_step == 0 and segments[-1].end_step == result.length
+        assert all(a.end_step == b.start_step for a, b in zip(segments, segments[1:]))
+        phases = PHASES[env_name]
+        if len(phases.names()) > 1:
+            assert len(segments) >= 2, (task, runs)
+        for segment in segments:
+            assert segment.name in phases.names() and segment.instruction == phases.instructions[segment.name]
+            assert segment.target == phases.obj
+        assert result.instruction == mw.description(env_name)
+
+
+def test_frames_and_state_are_what_lerobots_metaworld_env_gives_a_policy() -> None:
+    from lerobot.envs.metaworld import MetaworldEnv
+
+    for env_name in ("pick-place-v3",):
+        reference = MetaworldEnv(task=env_name, obs_type="pixels_agent_pos")
+        ours = get_task(mw.PREFIX + env_name).build({})  # the defaults: corner2, 480x480, shadows
+        try:
+            expected, _ = reference.reset(seed=11)
+            observation, _ = ours.reset(seed=11)
+            for step in range(4):
+                recorded = ours.demo_record(observation)
+                assert np.array_equal(recorded.images[mw.IMAGE_KEY], expected["pixels"]), (env_name, step)
+                np.testing.assert_allclose(recorded.state[mw.STATE_KEY], expected["agent_pos"], atol=1e-6)
+                action, _phase = ours.expert.decide(observation)
+                expected, *_ = reference.step(action)
+                observation, *_ = ours.step(action)
+        finally:
+            reference.close()
+            ours.close()
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def test_an_unknown_task_names_the_close_matches(tmp_path) -> None:
+    done = run_cli("generate", "--task", "metaworld-pick-place-v2", "--store", str(tmp_path / "s"))
+    assert done.returncode == 2
+    assert "did you mean metaworld-pick-place-v3" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_another_metaworld_version_is_refused_at_start(tmp_path, monkeypatch, capsys) -> None:
+    import importlib.metadata
+
+    from demoforge.pipeline.cli import main
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "3.1.1" if name == "metaworld" else real(name))
+    code = main(["generate", "--task", "metaworld-push-v3", "--episodes", "1", "--store", str(tmp_path / "s")])
+    err = capsys.readouterr().err
+    assert code == 2 and "metaworld 3.1.1 is installed" in err and "metaworld==3.0.0" in err
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("option, message", [("camera=front", "'camera' must be one or more of"),
+                                             ("image_size=8", "'image_size' must be in 32..1024"),
+                                             ("max_steps=900", "'max_steps' must be in 1..500")])
+def test_bad_options_are_named(tmp_path, option, message) -> None:
+    done = run_cli("run", "--task", "metaworld-reach-v3", "--episodes", "1", "--option", option)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+# ------------------------------------------------------------------------------------------ suites
+def test_a_suite_job_commits_each_task_resumes_and_exports_one_task_index_per_task(tmp_path, ray_cluster) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    store, dataset = tmp_path / "suite", tmp_path / "suite-dataset"
+    members = [mw.PREFIX + e for e in mw.suite_members("very-hard")]
+    args = ("generate", "--task", "metaworld-very-hard", "--episodes", "1", "--option", "camera=none",
+            "--max-attempts", "5")
+    done = run_cli(*args, "--store", str(store), "--export", str(dataset))
+    assert done.returncode == 0, done.stderr
+    assert f"metaworld-very-hard: {len(members)} tasks x 1 episode(s) = {len(members)}" in done.stderr
+    assert f"done: {len(members)}/{len(members)} episodes committed" in done.stdout
+    identity = committed_identity(store)
+    assert Counter(task for *_, task in identity) == {m: 1 for m in members}
+    # each member's episodes are its own block of indices (the index names the task in every process)
+    assert all(index // 1_000_000 == members.index(task) for index, *_, task in identity)
+
+    status = run_cli("status", "--store", str(store))
+    for member in members:
+        assert f"{member}: 1 committed" in status.stdout
+    again = run_cli(*args, "--store", str(store))  # resumes: nothing left to do
+    assert again.returncode == 0 and "(0 this run" in again.stdout
+
+    # the same command gives the same episodes, in worker processes and Ray actors too
+    for kind, extra in (("process", ()), ("ray", ("--ray-address", ray_cluster))):
+        twin = tmp_path / kind
+        run = run_cli(*args, "--store", str(twin), "--executor", kind, "--workers", "2", *extra)
+        assert run.returncode == 0, (kind, run.stderr)
+        assert committed_identity(twin) == identity, kind
+
+    ds = LeRobotDataset("demoforge/suite", root=dataset, video_backend="pyav")
+    assert ds.meta.total_tasks == len(members)
+    tasks = {int(row["task_index"]): name for name, row in ds.meta.tasks.iterrows()}
+    sidecar = [json.loads(line) for line in (dataset / "meta/demoforge_episodes.jsonl").read_text().splitlines()]
+    by_member: dict[str, set[int]] = {}
+    for episode in range(ds.meta.total_episodes):
+        item = ds[int(ds.meta.episodes[episode]["dataset_from_index"])]
+        member = sidecar[episode]["task"]
+        assert item["task"] == mw.description(member.removeprefix(mw.PREFIX)) == tasks[int(item["task_index"])]
+        by_member.setdefault(member, set()).add(int(item["task_index"]))
+    assert sorted(by_member) == sorted(members) and all(len(v) == 1 for v in by_member.values())
+    assert len({next(iter(v)) for v in by_member.values()}) == len(members)
+
+
+def test_a_task_whose_expert_never_succeeds_is_given_up_and_the_suite_goes_on(tmp_path) -> None:
+    store = tmp_path / "very-hard"
+    done = run_cli("generate", "--task", "metaworld-very-hard", "--episodes", "1", "--option", "camera=none",
+                   "--option", "max_steps=3", "--max-attempts", "1", "--max-consecutive-abandoned", "2",
+                   "--store", str(store))
+    members = mw.suite_members("very-hard")
+    assert done.returncode == 1, done.stderr
+    assert f"gave up {len(members)} task(s) of the suite" in done.stderr and "Traceback" not in done.stderr
+    for env_name in members:  # every member was tried after the one before was given up
+        assert f"{mw.PREFIX}{env_name}: 0/1 committed, 2 episode(s) abandoned" in done.stdout
+    with sqlite3.connect(store / "catalog.sqlite") as db:
+        reasons = Counter(r for (r,) in db.execute("SELECT terminal_reason FROM attempts"))
+    assert reasons == {"truncated": 2 * len(members)}
+
+
+# ------------------------------------------------------------------------------------- a rendered store
+def test_a_rendered_store_exports_loads_and_replays(tmp_path) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    store, dataset = tmp_path / "pp", tmp_path / "pp-dataset"
+    done = run_cli("generate", "--task", "metaworld-pick-place-v3", "--episodes", "2", *SMALL,
+                   "--store", str(store), "--export", str(dataset))
+    assert done.returncode == 0, done.stderr
+    ds = LeRobotDataset("demoforge/pp", root=dataset, video_backend="pyav")
+    assert set(ds.meta.camera_keys) == {"observation.image"} and ds.fps == 80
+    item = ds[0]
+    assert tuple(item["observation.image"].shape) == (3, 64, 64) and tuple(item["observation.state"].shape) == (4,)
+    assert item["task"] == mw.description("pick-place-v3") and tuple(item["action"].shape) == (4,)
+    for source in (store, dataset):
+        replay = run_cli("replay", str(source), "--images", "--json")
+        assert replay.returncode == 0, replay.stderr
+        report = json.loads(replay.stdout)
+        assert report["summary"] == {"reproduced": 2, "diverged": 0, "error": 0}, report
