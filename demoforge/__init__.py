@@ -29,6 +29,12 @@ _EXPORTS: dict[str, str] = {
     "register": "demoforge.pipeline.tasks.registry",
     "get_task": "demoforge.pipeline.tasks.registry",
     "run_episodes": "demoforge.pipeline.executor",
+    # a reactive expert (observation -> action) as segments
+    "Phase": "demoforge.pipeline.reactive",
+    "ReactiveExpert": "demoforge.pipeline.reactive",
+    "PolicyExpert": "demoforge.pipeline.reactive",
+    "ReturnBranch": "demoforge.pipeline.reactive",
+    "reactive_segments": "demoforge.pipeline.reactive",
     "EpisodeResult": "demoforge.pipeline.contract",
     "AttemptEnded": "demoforge.pipeline.records",
     # using the library
@@ -45,6 +51,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name i
     from demoforge.api import export, generate, open_dataset, open_store, validate
     from demoforge.pipeline.contract import EpisodeResult, RecordedObservation, Segment, StepView
     from demoforge.pipeline.executor import run_episodes
+    from demoforge.pipeline.reactive import Phase, PolicyExpert, ReactiveExpert, ReturnBranch, reactive_segments
     from demoforge.pipeline.records import AttemptEnded
     from demoforge.pipeline.tasks.registry import (
         CameraSpec,

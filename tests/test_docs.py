@@ -13,7 +13,7 @@ def python_blocks(name: str) -> list[str]:
 def test_writing_a_task_example_runs(capsys):
     from demoforge.pipeline.tasks.registry import get_task, task_names, unregister
 
-    (block,) = python_blocks("writing-a-task.md")
+    block, reactive = python_blocks("writing-a-task.md")
     namespace: dict = {"__name__": "docs_example"}
     try:
         exec(compile(block, "docs/writing-a-task.md", "exec"), namespace)
@@ -26,6 +26,13 @@ def test_writing_a_task_example_runs(capsys):
     finally:
         if "mountain-car" in task_names():  # the example registers it: leave the global registry as it was
             unregister("mountain-car")
+    # the reactive example: segments alternate between the controller's two branches, cut where it switches
+    exec(compile(reactive, "docs/writing-a-task.md", "exec"), namespace)
+    for r in namespace["reactive"]:
+        names = [s.name for s in r.segments]
+        assert len(names) >= 3 and set(names) == {"swing_back", "drive"}
+        assert all(a != b for a, b in zip(names, names[1:]))
+        assert r.segments[-1].end_step == r.length and r.segments[0].target == "car"
 
 
 def test_export_training_snippet_runs(tmp_path):

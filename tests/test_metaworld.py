@@ -58,6 +58,14 @@ def test_the_family_is_the_installed_metaworld_and_lerobots_config() -> None:
         assert info.instruction == mw.description(env) and info.fps == 80 and info.cameras == ()
 
 
+def test_the_phase_table_in_the_docs_is_the_code_s() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "tasks.md").read_text()
+    rows = {cells[0].strip("` "): [n.strip() for n in cells[2].split(",")]
+            for line in text.splitlines() if line.startswith("| `metaworld-")
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]}
+    assert rows == {mw.PREFIX + env: list(PHASES[env].names()) for env in mw.env_names()}
+
+
 def test_every_mt50_task_builds_and_its_expert_is_cut_at_its_phase_changes() -> None:
     for env_name in mw.env_names():
         task = mw.PREFIX + env_name
@@ -220,3 +228,22 @@ def test_a_rendered_store_exports_loads_and_replays(tmp_path) -> None:
         assert replay.returncode == 0, replay.stderr
         report = json.loads(replay.stdout)
         assert report["summary"] == {"reproduced": 2, "diverged": 0, "error": 0}, report
+
+
+def test_other_cameras_and_depth_are_options() -> None:
+    task = get_task("metaworld-pick-place-v3")
+    options = {"image_size": 32, "shadows": False, "camera": "corner2,topview", "depth": True}
+    info = task.info(options)
+    assert [(c.name, c.kind) for c in info.cameras] == [("corner2", "rgb"), ("topview", "rgb"),
+                                                        ("corner2_depth", "depth"), ("topview_depth", "depth")]
+    env = task.build(options)
+    try:
+        observation, _ = env.reset(seed=2)
+        recorded = env.demo_record(observation)
+    finally:
+        env.close()
+    assert {k: v.shape for k, v in recorded.images.items()} == {c.name: c.shape for c in info.cameras}
+    for name in ("corner2_depth", "topview_depth"):
+        depth = recorded.images[name]
+        assert depth.dtype == np.float32 and np.isfinite(depth).all() and 0.05 < float(depth.min()) < 3.0
+    assert not np.array_equal(recorded.images["corner2"], recorded.images["topview"])

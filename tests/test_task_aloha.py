@@ -152,3 +152,22 @@ def test_depth_option_renders_metres_from_the_top_camera() -> None:
     assert depth.shape == (48, 64) and depth.dtype == np.float32
     near = depth[depth < 3.0]  # the scene under the top camera; pixels seeing no geometry read the far plane
     assert np.isfinite(depth).all() and near.size > depth.size / 5 and 0.3 < float(np.median(near)) < 1.5
+
+
+def test_with_the_eval_envs_rendering_frames_are_what_lerobots_aloha_env_gives_a_policy() -> None:
+    """LeRobot's AlohaEnv (gym-aloha) renders `top` at 480x640 with shadows: asked for that rendering, our frame
+    and state equal it pixel for pixel (docs/export.md, "Evaluating with LeRobot")."""
+    import gym_aloha  # noqa: F401 - registers gym_aloha/AlohaTransferCube-v0
+    import gymnasium as gym
+
+    reference = gym.make("gym_aloha/AlohaTransferCube-v0", obs_type="pixels_agent_pos")
+    ours = get_task("aloha-transfer-cube").build({"image_height": 480, "image_width": 640, "shadows": True})
+    try:
+        expected, _ = reference.reset(seed=5)
+        observation, _ = ours.reset(seed=5)
+        recorded = ours.demo_record(observation)
+        assert np.array_equal(recorded.images["top"], expected["pixels"]["top"])
+        np.testing.assert_allclose(recorded.state["observation.state"], expected["agent_pos"], atol=1e-6)
+    finally:
+        reference.close()
+        ours.close()

@@ -203,7 +203,8 @@ class MetaWorldExpert:
             assert self._target is not None
             target = self._target.last()
         grip = self._grip.last() if self._grip is not None else None
-        return np.asarray(action, dtype=np.float32), self._phase(self.phases.name(target, grip))
+        # The experts' proportional moves exceed [-1, 1]; the env clips them: record what it executes.
+        return np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0), self._phase(self.phases.name(target, grip))
 
     def _phase(self, name: str) -> Phase:
         phase = self._cache.get(name)

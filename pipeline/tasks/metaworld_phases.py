@@ -44,10 +44,10 @@ class ExpertPhases:
         return self.targets[target]
 
     def names(self) -> tuple[str, ...]:
-        """Every phase name, in the order an episode usually meets them."""
+        """Every phase name, in the order of the expert's branches (a branch, then what the gripper makes of it)."""
         ordered: list[str] = []
         for index, name in enumerate(self.targets):
-            ordered += [n for (t, _g), n in sorted(self.overrides.items()) if t == index] + [name]
+            ordered += [name] + [n for (t, _g), n in sorted(self.overrides.items()) if t == index]
         return tuple(dict.fromkeys(ordered))
 
 

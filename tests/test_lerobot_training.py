@@ -1,0 +1,97 @@
+"""Exports are datasets LeRobot trains on and evaluates against: `lerobot-train` (ACT, CPU, one step) on a
+demoforge export, then `lerobot-eval` of the checkpoint in LeRobot's own env for the task, with no renaming.
+
+Nothing here reaches a hub: the dataset is local, the backbone starts from random weights
+(``pretrained_backbone_weights=null``), HF_HUB_OFFLINE is set and wandb is off.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import cli_env, run_cli
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+# A small ACT: the point is that LeRobot's own loop runs on our data, not what it learns in two steps.
+TINY_ACT = ("--policy.type=act", "--policy.device=cpu", "--policy.push_to_hub=false",
+            "--policy.pretrained_backbone_weights=null", "--policy.dim_model=64", "--policy.n_heads=2",
+            "--policy.dim_feedforward=128", "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1",
+            "--policy.chunk_size=50", "--policy.n_action_steps=50")
+
+
+# LeRobot's Meta-World env fixes its episodes at 500 steps (``MetaworldEnv._max_episode_steps``, no option), and
+# an untrained policy never ends one early: 500 renders at 480x480 with shadows are minutes on two CPU cores.
+# The test runs lerobot-eval's own main() with that one number lowered; everything else (the env, its rendering,
+# loading the checkpoint, the pre/post-processors, the rollout) is LeRobot's. tools/bench_metaworld.py --eval
+# runs the full-length episode.
+EVAL_WITH_SHORT_METAWORLD_EPISODES = """
+import sys
+import lerobot.envs.metaworld as metaworld_env
+steps = int(sys.argv.pop(1))
+original = metaworld_env.MetaworldEnv.__init__
+def short(self, *args, **kwargs):
+    original(self, *args, **kwargs)
+    self._max_episode_steps = steps
+metaworld_env.MetaworldEnv.__init__ = short
+from lerobot.scripts.lerobot_eval import main
+main()
+"""
+
+
+def lerobot(command: str, *args: str, timeout: float = 900,
+            metaworld_steps: int | None = None) -> subprocess.CompletedProcess[str]:
+    env = cli_env(HF_HUB_OFFLINE="1", WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
+    argv = [str(BIN / command), *args]
+    if metaworld_steps is not None:
+        argv = [sys.executable, "-c", EVAL_WITH_SHORT_METAWORLD_EPISODES, str(metaworld_steps), *args]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def train_and_evaluate(tmp_path: Path, dataset: Path, env_args: tuple[str, ...],
+                       metaworld_steps: int | None = None) -> dict:
+    run = tmp_path / "train"
+    trained = lerobot("lerobot-train", f"--dataset.repo_id=demoforge/{dataset.name}", f"--dataset.root={dataset}",
+                      *TINY_ACT, "--steps=1", "--batch_size=2", "--num_workers=0", "--save_freq=1", "--log_freq=1",
+                      "--wandb.enable=false", f"--output_dir={run}")
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    checkpoint = run / "checkpoints" / "last" / "pretrained_model"
+    config = json.loads((checkpoint / "config.json").read_text())
+    evaluated = lerobot("lerobot-eval", f"--policy.path={checkpoint}", *env_args, "--eval.n_episodes=1",
+                        "--eval.batch_size=1", "--policy.device=cpu", f"--output_dir={tmp_path / 'eval'}",
+                        metaworld_steps=metaworld_steps)
+    assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
+    info = json.loads((tmp_path / "eval" / "eval_info.json").read_text())
+    assert info["overall"]["n_episodes"] == 1, info["overall"]
+    return config
+
+
+def test_lerobot_trains_on_a_metaworld_export_and_evaluates_in_its_metaworld_env(tmp_path) -> None:
+    dataset = tmp_path / "metaworld-push"
+    done = run_cli("generate", "--task", "metaworld-push-v3", "--episodes", "1", "--option", "image_size=64",
+                   "--option", "shadows=false", "--codec", "h264", "--store", str(tmp_path / "store"),
+                   "--export", str(dataset))
+    assert done.returncode == 0, done.stderr
+    config = train_and_evaluate(tmp_path, dataset, ("--env.type=metaworld", "--env.task=push-v3"), metaworld_steps=20)
+    # the features LeRobot's Meta-World env gives a policy, by the names it gives them
+    assert set(config["input_features"]) == {"observation.image", "observation.state"}
+    assert config["input_features"]["observation.state"]["shape"] == [4]
+    assert config["output_features"]["action"]["shape"] == [4]
+
+
+def test_lerobot_trains_on_an_aloha_export_and_evaluates_in_its_aloha_env(tmp_path) -> None:
+    dataset = tmp_path / "aloha"
+    done = run_cli("generate", "--task", "aloha-transfer-cube", "--episodes", "1", "--option", "image_height=64",
+                   "--option", "image_width=64", "--codec", "h264", "--store", str(tmp_path / "store"),
+                   "--export", str(dataset), timeout=600)
+    assert done.returncode == 0, done.stderr
+    config = train_and_evaluate(tmp_path, dataset, ("--env.type=aloha", "--env.task=AlohaTransferCube-v0",
+                                                    "--env.episode_length=20"))
+    assert set(config["input_features"]) == {"observation.images.top", "observation.state"}
+    assert config["output_features"]["action"]["shape"] == [14]
+
