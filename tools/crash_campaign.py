@@ -308,7 +308,8 @@ class Campaign:
             raise SystemExit(f"crash_campaign: the clean run committed {sorted(self.reference)}, not 0..{self.n - 1} "
                              "(pick task options whose episodes all succeed)")
         t = time.monotonic()
-        import lerobot.datasets.lerobot_dataset  # noqa: F401  (the children pay this import too)
+        if set(self.args.kinds) & {"export", "daemon"}:
+            import lerobot.datasets.lerobot_dataset  # noqa: F401  (the children pay this import too)
 
         self.lerobot_import_s = time.monotonic() - t
         self.est["export"] = self.lerobot_import_s + 3.0
