@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from demoforge.storage.durable import fsync_dir as sync_dir
 from helpers import REPO
 
 sys.path.insert(0, str(REPO / "tools"))
@@ -40,14 +41,6 @@ def write(path: Path, data: bytes, *, sync: bool = False) -> None:
         os.write(fd, data)
         if sync:
             os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def sync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -32,7 +32,6 @@ is checked (the same code: this campaign extends it), plus what only a power cut
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import random
@@ -431,24 +430,16 @@ class PowerCutCampaign(cc.Campaign):
             trial.bad("dataset_verifies", f"{type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------------ the campaign
-    def run(self) -> list[PowerTrial]:  # type: ignore[override]
-        kinds = self.args.kinds
-        trials: list[PowerTrial] = []
-        for i in range(self.args.trials):
-            kind = kinds[i % len(kinds)]
-            targets = TARGETS[kind]
-            target = targets[(i // len(kinds)) % len(targets)]
-            trial = self.trial(i, kind, target)
-            trials.append(trial)
-            bad = sum(len(v) for v in trial.violations.values())
-            where = ", ".join(trial.landed) or "-"
-            print(f"trial {i:3d} {kind:8s} {target:7s} {trial.mode:7s} cuts {len(trial.cuts)} runs {trial.runs} "
-                  f"landed {where:45s} committed@cut {trial.committed_at_kill} reported {trial.reported_episodes} "
-                  f"violations {bad} ({trial.seconds:.1f} s){'  ' + trial.note if trial.note else ''}", flush=True)
-            for inv, messages in trial.violations.items():
-                for m in messages[:3]:
-                    print(f"    VIOLATION {inv}: {m}", flush=True)
-        return trials
+    targets = TARGETS  # the crash campaign's run() cycles these
+
+    def describe(self, trial: cc.Trial) -> str:
+        assert isinstance(trial, PowerTrial)
+        bad = sum(len(v) for v in trial.violations.values())
+        where = ", ".join(trial.landed) or "-"
+        return (f"trial {trial.n:3d} {trial.kind:8s} {trial.target:7s} {trial.mode:7s} cuts {len(trial.cuts)} "
+                f"runs {trial.runs} landed {where:45s} committed@cut {trial.committed_at_kill} reported "
+                f"{trial.reported_episodes} violations {bad} ({trial.seconds:.1f} s)"
+                f"{'  ' + trial.note if trial.note else ''}")
 
 
 def summarize(trials: list[PowerTrial], kinds: list[str]) -> dict[str, Any]:
@@ -473,12 +464,7 @@ def render(summary: dict[str, Any], kinds: list[str]) -> str:
         fmt = lambda d: ", ".join(f"{k} {v}" for k, v in d.items())  # noqa: E731
         lines.append(f"| {kind} | {s['trials']} | {s['cuts']} | {fmt(s['by_target'])} | {fmt(s['by_mode'])} | "
                      f"{fmt(s['landed'])} |")
-    lines += ["", "| invariant | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
-    for inv in POWER_INVARIANTS:
-        cells = [f"{summary[k]['violations'][inv]} / {summary[k]['cuts']}" if inv in summary[k]["violations"]
-                 else "n/a" for k in kinds]
-        lines.append(f"| {inv} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + cc.invariant_table(summary, kinds, POWER_INVARIANTS, "cuts"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -509,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     campaign = PowerCutCampaign(args)
     try:
         campaign.setup()
-        trials = campaign.run()
+        trials = [t for t in campaign.run() if isinstance(t, PowerTrial)]
     except FuseUnavailable as exc:
         print(f"power_cut: {exc}", file=sys.stderr)
         return 2
@@ -524,20 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     print(render(summary, args.kinds))
     print(f"\n{len(trials)} trials, {cuts} power cuts, {total} violations, {time.monotonic() - started:.0f} s "
           f"(task {args.task}, {campaign.n} episodes per trial, modes {','.join(args.modes)}, seed {args.seed})")
-    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "task": args.task, "episodes": campaign.n, "seed": args.seed, "kinds": args.kinds,
-              "modes": args.modes, "clean_runs": campaign.clean, "trials_total": len(trials), "cuts": cuts,
-              "violations": total, "elapsed_s": round(time.monotonic() - started, 1),
-              "invariants": POWER_INVARIANTS, "summary": summary, "trials": [t.__dict__ for t in trials]}
-    if args.out is not None:
-        args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    if total == 0 and not args.keep and args.workdir is None:
-        shutil.rmtree(campaign.work, ignore_errors=True)
-    elif total:
-        print(f"failing trials kept under {campaign.work}")
-    return 1 if total else 0
-
+    return cc.finish(args, campaign, started, total, {
+        "modes": args.modes, "clean_runs": campaign.clean, "trials_total": len(trials), "cuts": cuts,
+        "invariants": POWER_INVARIANTS, "summary": summary, "trials": [t.__dict__ for t in trials]})
 
 if __name__ == "__main__":
     sys.exit(main())
