@@ -269,10 +269,11 @@ class PowerCutCampaign(cc.Campaign):
         for k in range(self.args.cuts_per_trial):
             run = None
             for attempt in range(3 if k == 0 else 1):
-                if k == 0:
+                if k == 0:  # a fresh disk for every try: what an earlier try's process reported is gone with it
                     shutil.rmtree(folder, ignore_errors=True)
                     folder.mkdir(parents=True)
                     self.prepare(kind, folder)
+                    reported = Reported()
                     first_state = self._snapshot(trial, store, out)
                     trial.note = (folder / "note").read_text() if (folder / "note").exists() else ""
                 target = trial.target if k == 0 else "ops"
