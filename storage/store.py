@@ -58,7 +58,7 @@ class JobStore:
             raise StoreError(f"cannot create store directory {path}: {exc.strerror}") from exc
         if not os.access(path, os.W_OK | os.X_OK):
             raise StoreError(f"store directory {path} is not writable")
-        check_catalog_file(path)
+        check_catalog_file(path, writer=True)
         lock_fd = acquire_lock(path)
         try:
             catalog = Catalog(path)

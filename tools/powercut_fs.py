@@ -924,7 +924,15 @@ class PowerCut:
         assert self.proc is not None and self.proc.stdin is not None
         self.proc.stdin.write((json.dumps({"cmd": cmd, **fields}) + "\n").encode())
         self.proc.stdin.flush()
-        return self.replies.get(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while True:  # a file system that cut or exited meanwhile answers nothing more
+            try:
+                return self.replies.get(timeout=0.05)
+            except queue.Empty:
+                if self.proc.poll() is not None or self.done_event is not None or time.monotonic() > deadline:
+                    raise
+                if cmd in ("cut", "unmount") and self.cut_event is not None:
+                    raise
 
     def arm(self, trigger: dict[str, Any] | None = None, kill_pgid: int | None = None) -> dict[str, Any]:
         return self.send("arm", trigger=trigger, kill_pgid=kill_pgid)
@@ -934,10 +942,11 @@ class PowerCut:
 
     def cut(self, reason: str = "commanded") -> dict[str, Any]:
         """Cut the power now; returns once the durable state is written to BACKING (the ``done`` event)."""
-        try:
-            self.send("cut", reason=reason)
-        except (BrokenPipeError, queue.Empty):
-            pass
+        if self.cut_event is None:
+            try:
+                self.send("cut", reason=reason)
+            except (BrokenPipeError, queue.Empty):
+                pass
         return self.wait_done()
 
     def unmount(self) -> dict[str, Any]:
