@@ -225,7 +225,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 last_line[0] = time.monotonic()
                 console.print(f"committed {stats.total_committed}/{target}  {detail}", markup=False)
 
-    runner = JobRunner(spec, args.store, on_progress, executor=executor,
+    on_outcome = None
+    if args.json_logs:  # one JSON line per commit, on stderr, once the episode is durable
+        from demoforge.pipeline.daemon import EventLog
+
+        events = EventLog(True)
+
+        def on_outcome(item) -> None:
+            if item.ended.result.committable:
+                events.emit("episode_committed", episode=item.ended.key.episode_id,
+                            index=item.ended.key.episode_index, frames=item.ended.frames)
+
+    runner = JobRunner(spec, args.store, on_progress, on_outcome=on_outcome, executor=executor,
                        on_event=lambda line: console.print(line, markup=False, highlight=False))
     if runner.info.suite:
         console.print(f"{spec.task}: {len(runner.info.suite)} tasks x {spec.episodes} episode(s) = {runner.target}",
@@ -635,6 +646,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", type=Path, default=None, metavar="DATASET_DIR",
                    help="when the target is reached, export to this LeRobot dataset")
     p.add_argument("--repo-id", default=None, help="repo id recorded in the exported dataset")
+    p.add_argument("--json-logs", action="store_true",
+                   help="also print one JSON line per committed episode on stderr, once it is durable "
+                        "(event episode_committed: episode, index, frames)")
     p.set_defaults(fn=cmd_generate)
 
     p = sub.add_parser("export", help="write committed, not yet exported episodes into a LeRobot v3.0 dataset")

@@ -92,6 +92,9 @@ class GenerationDaemon:
         self.metrics.on_outcome(item)
         result = item.ended.result
         if result.committable:
+            # after the catalog commit returned: the episode is durable (what a power-loss test holds it to)
+            self.log.emit("episode_committed", episode=item.ended.key.episode_id,
+                          index=item.ended.key.episode_index, frames=item.ended.frames)
             self._since_export += 1
             if self.config.export_dir is not None and self._since_export >= self.config.export_every_episodes:
                 self._export_due.set()

@@ -82,10 +82,22 @@ CREATE TABLE IF NOT EXISTS recovery (
 
 
 
-def check_catalog_file(store_dir: Path) -> None:
+def _catalog_tables(path: Path) -> set[str]:
+    reader = Catalog.open_read_only(path)
+    try:
+        return reader.tables()
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{short_path(path)} is not a demoforge store: {CATALOG_FILE} cannot be read ({exc})") \
+            from None
+    finally:
+        reader.close()
+
+
+def check_catalog_file(store_dir: Path, *, writer: bool = False) -> None:
     """Refuse a ``catalog.sqlite`` that is not ours (not SQLite, or SQLite without our tables) before anything
     opens it for writing or adds a schema to it. A missing or empty file (a run killed before it wrote the
-    schema) passes."""
+    schema) passes. ``writer``: the caller is about to open the store for writing (a hot journal left by a
+    power cut is rolled back first)."""
     path = Path(store_dir)
     catalog = path / CATALOG_FILE
     try:
@@ -99,14 +111,20 @@ def check_catalog_file(store_dir: Path) -> None:
         return
     if head != SQLITE_MAGIC:
         raise StoreError(f"{short_path(path)} is not a demoforge store: {CATALOG_FILE} is not an SQLite database")
-    reader = Catalog.open_read_only(path)
     try:
-        tables = reader.tables()
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(f"{short_path(path)} is not a demoforge store: {CATALOG_FILE} cannot be read ({exc})") \
-            from None
-    finally:
-        reader.close()
+        tables = _catalog_tables(path)
+    except StoreError:
+        # A power cut while a new catalog switched to WAL leaves a hot rollback journal, which a read-only
+        # connection cannot roll back. A writer lets SQLite do it (what any first write connection does), then
+        # looks again; a reader keeps the error until then.
+        if not (writer and (path / f"{CATALOG_FILE}-journal").exists()):
+            raise
+        con = sqlite3.connect(catalog)
+        try:
+            con.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()
+        finally:
+            con.close()
+        tables = _catalog_tables(path)
     if tables and not OUR_TABLES <= tables:
         raise StoreError(f"{short_path(path)} is not a demoforge store: {CATALOG_FILE} holds other tables "
                          f"({', '.join(sorted(tables)[:5])}); refusing to modify it")
@@ -165,8 +183,8 @@ class Catalog:
                     self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
                 self._db.execute("PRAGMA foreign_keys=ON")
-                if _mode == "create":
-                    self._db.executescript(_SCHEMA)
+                if _mode == "create":  # one transaction: a power cut leaves all of the schema or none of it
+                    self._db.executescript("BEGIN IMMEDIATE;\n" + _SCHEMA + "COMMIT;\n")
         except BaseException:
             self._db.close()
             raise

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from demoforge.storage.catalog import Catalog
-from demoforge.storage.staging import EPISODES_DIR, StagingStore, fsync_dir
+from demoforge.storage.durable import fsync_dir
+from demoforge.storage.staging import EPISODES_DIR, StagingStore
 
 PRUNE_PAUSE = "DEMOFORGE_PRUNE_PAUSE"  # tests: seconds to sleep between deletions, so a kill lands inside
 

@@ -22,7 +22,7 @@ from typing import Any
 from demoforge.storage.lerobot_format import INFO, MARKER, ExportMarker, MarkerError
 from demoforge.storage.locks import try_lock
 from demoforge.storage.paths import path_problem, short_path
-from demoforge.storage.staging import fsync_dir, fsync_file
+from demoforge.storage.durable import fsync_dir, fsync_file, make_dirs
 
 KEEP_VERSIONS = 2
 VERSIONS_SUFFIX = ".versions"
@@ -91,7 +91,7 @@ def _resolve_target(out: Path) -> Published:
 
 def check_writable(parent: Path) -> None:
     try:
-        parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(parent)  # fsynced into their parents: the dataset's link and versions live here
     except OSError as exc:
         raise ExportError(f"cannot create {parent}: {exc.strerror}") from exc
     probe = parent / f".demoforge-write-probe-{os.getpid()}"

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.schema import AttemptState
-from demoforge.storage.staging import EPISODES_DIR, StagingStore, fsync_dir
+from demoforge.storage.durable import fsync_dir
+from demoforge.storage.staging import EPISODES_DIR, StagingStore
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,6 @@ import os
 import re
 import shutil
 from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +46,7 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 
 from demoforge.pipeline.contract import ANNOTATION_KEYS
+from demoforge.storage.durable import fsync_dir, fsync_file, fsync_pool
 from demoforge.storage.errors import ReadOnlyError
 from demoforge.storage.schema import CameraSpec, Fingerprint
 from demoforge.storage.write_errors import writing
@@ -353,6 +353,20 @@ class StagingStore:
         if not read_only:
             self._root = zarr.open_group(str(self.path), mode="a")
             self._root.require_group(EPISODES_DIR)
+            self._make_skeleton_durable()
+
+    def _make_skeleton_durable(self) -> None:
+        """fsync the staging area's own metadata and folders, up to the store folder: zarr never fsyncs, and
+        after a power cut a ``zarr.json`` whose name survived without its bytes (or a ``staging.zarr`` never
+        fsynced into the store) would make every committed episode unreadable."""
+        episodes = self.path / EPISODES_DIR
+        with writing("the staging area (fsync)", self.path):
+            for meta in (self.path / "zarr.json", episodes / "zarr.json"):
+                if meta.exists():
+                    fsync_file(meta)
+            fsync_dir(episodes)
+            fsync_dir(self.path)
+            fsync_dir(self.store_dir)
 
     def _writable(self, operation: str) -> zarr.Group:
         if self._root is None:
@@ -401,7 +415,7 @@ class StagingStore:
             for dirpath, _dirnames, filenames in os.walk(path):
                 files.extend(Path(dirpath) / name for name in filenames)
                 dirs.append(Path(dirpath))
-            pool = _fsync_pool()
+            pool = fsync_pool()
             list(pool.map(fsync_file, files))
             list(pool.map(fsync_dir, dirs))
             fsync_dir(path.parent)
@@ -467,27 +481,3 @@ class StagingStore:
             yield from self.path.rglob("*.partial")
 
 
-_FSYNC_POOL: ThreadPoolExecutor | None = None
-
-
-def _fsync_pool() -> ThreadPoolExecutor:
-    global _FSYNC_POOL
-    if _FSYNC_POOL is None:
-        _FSYNC_POOL = ThreadPoolExecutor(16, thread_name_prefix="fsync")
-    return _FSYNC_POOL
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

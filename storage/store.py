@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from demoforge.storage.catalog import CATALOG_FILE, Catalog, check_catalog_file
+from demoforge.storage.durable import make_dirs
 from demoforge.storage.errors import StoreError, StoreLockedError
 from demoforge.storage.locks import try_lock
 from demoforge.storage.paths import LOCK_FILE, path_problem, short_path
@@ -52,12 +53,12 @@ class JobStore:
                 raise StoreError(f"{short_path(path)} is a non-empty directory that is not a demoforge store; "
                                  "refusing to write into it (use a new or empty directory)")
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            make_dirs(path)  # fsynced into its parent: a store folder lost at a power cut loses every episode
         except OSError as exc:
             raise StoreError(f"cannot create store directory {path}: {exc.strerror}") from exc
         if not os.access(path, os.W_OK | os.X_OK):
             raise StoreError(f"store directory {path} is not writable")
-        check_catalog_file(path)
+        check_catalog_file(path, writer=True)
         lock_fd = acquire_lock(path)
         try:
             catalog = Catalog(path)

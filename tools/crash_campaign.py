@@ -308,7 +308,8 @@ class Campaign:
             raise SystemExit(f"crash_campaign: the clean run committed {sorted(self.reference)}, not 0..{self.n - 1} "
                              "(pick task options whose episodes all succeed)")
         t = time.monotonic()
-        import lerobot.datasets.lerobot_dataset  # noqa: F401  (the children pay this import too)
+        if set(self.args.kinds) & {"export", "daemon"}:
+            import lerobot.datasets.lerobot_dataset  # noqa: F401  (the children pay this import too)
 
         self.lerobot_import_s = time.monotonic() - t
         self.est["export"] = self.lerobot_import_s + 3.0
@@ -741,20 +742,26 @@ json = true
         self._check_final_dataset(trial, store, out, state)
 
     # ------------------------------------------------------------------ the campaign
+    targets = TARGETS  # per kind, cycled over its trials
+
+    def describe(self, trial: Trial) -> str:
+        """One line per trial in the campaign's output."""
+        where = ", ".join(trial.landed) or "-"
+        bad = sum(len(v) for v in trial.violations.values())
+        return (f"trial {trial.n:3d} {trial.kind:8s} {trial.target:8s} {'killed' if trial.killed else 'NO KILL'} "
+                f"at {trial.kill_at_s or 0:5.2f} s  landed {where:55s} committed@kill {trial.committed_at_kill:2d}  "
+                f"violations {bad}  ({trial.seconds:.1f} s){'  ' + trial.note if trial.note else ''}")
+
     def run(self) -> list[Trial]:
         kinds = self.args.kinds
         trials: list[Trial] = []
         for i in range(self.args.trials):
             kind = kinds[i % len(kinds)]
-            targets = TARGETS[kind]
+            targets = self.targets[kind]
             target = targets[(i // len(kinds)) % len(targets)]
             trial = self.trial(i, kind, target)
             trials.append(trial)
-            where = ", ".join(trial.landed) or "-"
-            bad = sum(len(v) for v in trial.violations.values())
-            print(f"trial {i:3d} {kind:8s} {target:8s} {'killed' if trial.killed else 'NO KILL'} "
-                  f"at {trial.kill_at_s or 0:5.2f} s  landed {where:55s} committed@kill {trial.committed_at_kill:2d}  "
-                  f"violations {bad}  ({trial.seconds:.1f} s){'  ' + trial.note if trial.note else ''}", flush=True)
+            print(self.describe(trial), flush=True)
             for inv, messages in trial.violations.items():
                 for m in messages[:3]:
                     print(f"    VIOLATION {inv}: {m}", flush=True)
@@ -787,14 +794,17 @@ def render(summary: dict[str, Any], kinds: list[str]) -> str:
                              else f"{t}: {v['killed']}/{v['trials']} killed" for t, v in s["targets"].items())
         landed = ", ".join(f"{k} {v}" for k, v in s["landed"].items())
         lines.append(f"| {kind} | {s['trials']} | {s['kills']} | {targeted} | {landed} |")
-    lines += ["", "| invariant | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
-    for inv in INVARIANTS:
-        cells = []
-        for kind in kinds:
-            s = summary[kind]
-            cells.append(f"{s['violations'][inv]} / {s['trials']}" if inv in s["violations"] else "n/a")
+    return "\n".join(lines + [""] + invariant_table(summary, kinds, INVARIANTS, "trials"))
+
+
+def invariant_table(summary: dict[str, Any], kinds: list[str], invariants: dict[str, str], per: str) -> list[str]:
+    """Rows of violations per invariant and kind, out of ``summary[kind][per]`` (n/a where one does not apply)."""
+    lines = ["| invariant | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+    for inv in invariants:
+        cells = [f"{summary[k]['violations'][inv]} / {summary[k][per]}" if inv in summary[k]["violations"] else "n/a"
+                 for k in kinds]
         lines.append(f"| {inv} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -830,19 +840,25 @@ def main(argv: list[str] | None = None) -> int:
     print(render(summary, args.kinds))
     print(f"\n{len(trials)} trials, {kills} kills, {total} violations, {time.monotonic() - started:.0f} s "
           f"(task {args.task}, {campaign.n} episodes per trial, seed {args.seed})")
+    return finish(args, campaign, started, total, {"trials_total": len(trials), "kills": kills,
+                                                    "invariants": INVARIANTS, "summary": summary,
+                                                    "trials": [t.__dict__ for t in trials]})
+
+
+def finish(args: argparse.Namespace, campaign: Campaign, started: float, violations: int,
+           fields: dict[str, Any]) -> int:
+    """Write the JSON report (``--out``), clear the work folder unless something failed; the exit status."""
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "task": args.task, "episodes": campaign.n, "seed": args.seed, "kinds": args.kinds,
-              "trials_total": len(trials), "kills": kills, "violations": total,
-              "elapsed_s": round(time.monotonic() - started, 1), "invariants": INVARIANTS, "summary": summary,
-              "trials": [t.__dict__ for t in trials]}
+              "violations": violations, "elapsed_s": round(time.monotonic() - started, 1), **fields}
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    if total == 0 and not args.keep and args.workdir is None:
+    if violations == 0 and not args.keep and args.workdir is None:
         shutil.rmtree(campaign.work, ignore_errors=True)
-    elif total:
+    elif violations:
         print(f"failing trials kept under {campaign.work}")
-    return 1 if total else 0
+    return 1 if violations else 0
 
 
 if __name__ == "__main__":
