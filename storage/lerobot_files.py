@@ -135,18 +135,34 @@ class DataFileWriter:
             self._flush()
         return self.chunk, self.file
 
-    def _flush(self) -> None:
+    def add_table(self, table: Any) -> tuple[int, int]:
+        """Append one episode's rows as they are (an arrow table with the file's schema: an edit copying rows
+        of a published file); returns the (chunk, file) they go to."""
+        self._flush()
+        if self._file_bytes and self._file_bytes + table.nbytes > DATA_FILE_MB * 2**20:
+            self._close_file()
+            self.chunk, self.file = next_file(self.chunk, self.file)
+        writer = self._open(table.schema)
+        writer.write_table(table if table.schema == writer.schema else table.cast(writer.schema))
+        self._file_bytes += table.nbytes
+        return self.chunk, self.file
+
+    def _open(self, schema: Any) -> Any:
         import pyarrow.parquet as pq
         from lerobot.datasets.utils import DEFAULT_DATA_PATH
 
-        if not self._pending:
-            return
-        table = _hf_table(self._pending, self.features)
         if self._writer is None:
             path = self.build / DEFAULT_DATA_PATH.format(chunk_index=self.chunk, file_index=self.file)
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(path, schema=table.schema, compression="snappy", use_dictionary=True)
+            self._writer = pq.ParquetWriter(path, schema=schema, compression="snappy", use_dictionary=True)
             self.files.append(path)
+        return self._writer
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        table = _hf_table(self._pending, self.features)
+        self._open(table.schema)
         start_row = 0
         for cols in self._pending:
             n = len(cols["index"])
@@ -227,6 +243,24 @@ def write_episode_meta(build: Path, rows: Sequence[dict[str, Any]], data_spans: 
                "meta/episodes/chunk_index": chunk, "meta/episodes/file_index": file}
         records.append(rec)
     table = pa.Table.from_pylist(records)
+    path = build / DEFAULT_EPISODES_PATH.format(chunk_index=chunk, file_index=file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, compression="snappy")
+    return next_file(chunk, file), [path]
+
+
+def write_episode_table(build: Path, table: Any, start: Sequence[int]) -> tuple[tuple[int, int], list[Path]]:
+    """Write finished episode-metadata rows (an arrow table: an edit's rows, copied and renumbered) as one
+    ``meta/episodes`` file at cursor ``start``; returns the next cursor and the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from lerobot.datasets.utils import DEFAULT_EPISODES_PATH
+
+    chunk, file = int(start[0]), int(start[1])
+    for name, value in (("meta/episodes/chunk_index", chunk), ("meta/episodes/file_index", file)):
+        column = pa.array([value] * table.num_rows, type=pa.int64())
+        table = table.set_column(table.column_names.index(name), name, column) if name in table.column_names \
+            else table.append_column(name, column)
     path = build / DEFAULT_EPISODES_PATH.format(chunk_index=chunk, file_index=file)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, compression="snappy")
