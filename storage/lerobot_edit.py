@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import time
@@ -245,6 +246,8 @@ class _VersionWriter:
         self.linked: dict[Path, FileChecksum | None] = {}  # files hard-linked from a source: recorded checksum
 
     def write(self) -> tuple[str, ExportMarker]:
+        import lerobot.datasets.compute_stats  # noqa: F401  (seconds of imports: before the version is begun)
+
         build = start_version(self.target, self.number, link_current=False)
         try:
             with writing(f"the new dataset version {build.name.removesuffix('.partial')}", build):
@@ -463,7 +466,7 @@ def _foreign_schema(source: DatasetToEdit) -> dict[str, Any]:
 
 
 def _identity(sources: Sequence[DatasetToEdit], chosen: Sequence[Chosen], repo_id: str | None, operation: str,
-              suffix: str = "") -> _Identity:
+              suffix: str = "", request: str | None = None) -> _Identity:
     first = sources[0]
     base = first.marker.repo_id if first.marker is not None else f"local/{first.path.name}"
     kept = {(s.episodes[i].store_id, s.episodes[i].episode_id) for s, i in chosen}
@@ -477,8 +480,10 @@ def _identity(sources: Sequence[DatasetToEdit], chosen: Sequence[Chosen], repo_i
     for key in kept:
         removed.pop(key, None)  # type: ignore[arg-type]
     schema = dict(first.marker.schema) if first.marker is not None else _foreign_schema(first)
-    edit = {"operation": operation,
-            "from": [{"version": s.version, "digest": s.digest()} for s in sources]}
+    edit: dict[str, Any] = {"operation": operation,
+                            "from": [{"version": s.version, "digest": s.digest()} for s in sources]}
+    if request is not None:
+        edit["request"] = request
     return _Identity(repo_id or base + suffix, schema, edit, tuple(removed.values()))
 
 
@@ -561,11 +566,10 @@ def edit_dataset(path: Path | str, *, delete: str | None = None, delete_rejected
     if split is None and out_root is not None:
         raise EditError("--out-root is for --split; to write the edit as a new dataset use --out")
     source = open_dataset(path)
-    in_place = split is None and out is None
-    if in_place and source.foreign:
+    if split is None and out is None and source.foreign:
         raise EditError(f"{short_path(path)} is a LeRobot dataset demoforge did not write; demoforge never modifies "
                         "it: write the edit as a new dataset with --out DIR (or split it with --split)")
-    if in_place and not dry_run:
+    if split is None and out is None and not dry_run:
         assert source.published is not None
         with _locked(source.published.versions):
             source = open_dataset(path)  # read again under the lock: the version now published stays so
@@ -610,6 +614,19 @@ def _edit(source: DatasetToEdit, started: float, pause: Callable[[str], None], p
           replay: Mapping[int, str] | None, out: Path | str | None, split: Sequence[SplitPart] | None, seed: int,
           stratify: str | None, out_root: Path | str | None, repo_id: str | None, dry_run: bool,
           again: bool) -> EditReport:
+    in_place = split is None and out is None
+    # Deleting by index is the one rule that is not idempotent (the same indices name other episodes in the
+    # next version): a re-run of the request that made the published version reports it instead.
+    request = json.dumps({"delete": delete, "delete_rejected": delete_rejected, "task": task,
+                          "keep_where": keep_where.canonical() if keep_where else None}, sort_keys=True)
+    previous = (source.marker.edit if source.marker is not None else None) or {}
+    if in_place and delete is not None and previous.get("request") == request and not again:
+        note = (f"version {source.version} is already the result of this edit ({previous.get('operation')}) of "
+                f"{(previous.get('from') or [{}])[0].get('version')}; nothing was changed (--again applies it to "
+                f"{source.version} too)")
+        return EditReport((source.describe(),), len(source.episodes), {}, (WrittenDataset(
+            source.path, ALREADY, source.version, len(source.episodes), sum(e.length for e in source.episodes),
+            len(source.tasks)),), time.monotonic() - started, (note,))
     rejected, gone = _rejected(source) if delete_rejected else ([], [])
     selection: Selection = select(source, delete=delete, rejected=rejected, keep_where=keep_where, task=task,
                                   replay=replay)
@@ -661,14 +678,7 @@ def _edit(source: DatasetToEdit, started: float, pause: Callable[[str], None], p
             drop_rejections(rejected_list_path(source.path), gone)
         return report(WrittenDataset(source.path, UNCHANGED, source.version, len(source.episodes),
                                      sum(e.length for e in source.episodes), len(source.tasks)))
-    identity = _identity([source], chosen, repo_id or source.marker.repo_id, selection.operation)
-    previous = source.marker.edit or {}
-    if previous.get("operation") == selection.operation and not again:
-        notes.append(f"version {source.version} is already the result of this edit ({selection.operation}) of "
-                     f"{(previous.get('from') or [{}])[0].get('version')}; nothing was changed (--again applies it to "
-                     f"{source.version} too)")
-        return report(WrittenDataset(source.path, ALREADY, source.version, len(source.episodes),
-                                     sum(e.length for e in source.episodes), len(source.tasks)))
+    identity = _identity([source], chosen, repo_id or source.marker.repo_id, selection.operation, request=request)
     plan = _plan(chosen)
     if dry_run:
         return report(_outcome(source.path, DRY_RUN, None, plan))

@@ -170,6 +170,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._respond(send_body=False)
 
     def do_POST(self) -> None:
+        if self.path.split("?", 1)[0] != REJECTED_API:
+            return self._status(HTTPStatus.NOT_IMPLEMENTED)  # the one thing a page may write; nothing else
         host = self.headers.get("Host", "")
         if self.allowed_hosts is not None and _host_name(host) not in self.allowed_hosts:
             return self._status(HTTPStatus.FORBIDDEN)
