@@ -738,7 +738,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draw segment timelines and a contact sheet of frames at segment boundaries")
     p.set_defaults(fn=cmd_inspect)
 
-    p = sub.add_parser("view", help="watch episodes in the browser: videos, segment timeline, curves (read-only)",
+    p = sub.add_parser("view", help="watch episodes in the browser: videos, segment timeline, curves; mark a "
+                                    "dataset's episodes rejected (the dataset is never written)",
                        description="Serve a local page (loopback by default) for a store or dataset, or write it as "
                                    "a folder that opens from disk (--html). Then open http://127.0.0.1:8765/.")
     p.add_argument("path", type=Path, metavar="STORE_OR_DATASET",

@@ -96,6 +96,9 @@ class DatasetToEdit:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        self._real_root = self.root.resolve()
+        self._inside: dict[str, Path] = {}
+        self._stats_columns: list[tuple[str, str, Any]] | None = None
         self.info: dict[str, Any] = json.loads((self.root / INFO).read_text())
         if self.info.get("codebase_version") != "v3.0":
             raise EditError(f"{short_path(self.path)} is LeRobot format {self.info.get('codebase_version')!r}; "
@@ -136,10 +139,13 @@ class DatasetToEdit:
     # ------------------------------------------------------------------------------------------ where
     def inside(self, relative: str) -> Path:
         """A path the dataset's own metadata names, refused when it would lead outside the dataset."""
-        path = (self.root / relative).resolve()
-        if not path.is_relative_to(self.root.resolve()):
-            raise EditError(f"{short_path(self.path)}: {relative!r} (from {INFO}) points outside the dataset")
-        return path
+        found = self._inside.get(relative)
+        if found is None:
+            found = (self.root / relative).resolve()
+            if not found.is_relative_to(self._real_root):
+                raise EditError(f"{short_path(self.path)}: {relative!r} (from {INFO}) points outside the dataset")
+            self._inside[relative] = found
+        return found
 
     def row(self, index: int) -> Mapping[str, Any]:
         return self._rows[index]
@@ -164,16 +170,17 @@ class DatasetToEdit:
     def episode_stats(self, index: int) -> dict[str, dict[str, np.ndarray]]:
         """The episode's statistics as its writer stored them (``stats/<feature>/<stat>`` columns), in the
         shapes LeRobot's ``aggregate_stats`` expects (nested lists become arrays: camera stats (C, 1, 1))."""
+        if self._stats_columns is None:  # every episode's, converted once (row by row it is 100x slower)
+            self._stats_columns = []
+            for name in self.episodes_table.column_names:
+                feature, _, stat = name.removeprefix("stats/").rpartition("/")
+                if name.startswith("stats/") and feature in self.features:
+                    self._stats_columns.append((feature, stat, _stacked(self.episodes_table[name])))
         stats: dict[str, dict[str, np.ndarray]] = {}
-        row = self.episodes_table.slice(index, 1)
-        for name in row.column_names:
-            if not name.startswith("stats/"):
-                continue
-            feature, _, stat = name.removeprefix("stats/").rpartition("/")
-            value = row[name][0].as_py()
-            if value is None or feature not in self.features:
-                continue
-            stats.setdefault(feature, {})[stat] = np.asarray(value)
+        for feature, stat, values in self._stats_columns:
+            value = values[index]
+            if value is not None:
+                stats.setdefault(feature, {})[stat] = value
         return stats
 
     def recorded_checksum(self, relative: str) -> Any:
@@ -192,6 +199,24 @@ class DatasetToEdit:
     def describe(self) -> str:
         version = f" (version {self.version})" if self.version else " (a LeRobot dataset demoforge did not write)"
         return f"{self.path}{version}"
+
+
+def _stacked(column: Any) -> Any:
+    """A statistics column (nested lists, the same shape in every row) as one array ``(episodes, *shape)``;
+    a column with missing values (datasets merged from others) as a list of arrays and Nones."""
+    import pyarrow as pa
+
+    values = column.combine_chunks()
+    if values.null_count or not len(values):
+        return [None if v is None else np.asarray(v) for v in values.to_pylist()]
+    shape = np.asarray(values[0].as_py()).shape
+    flat = values
+    while pa.types.is_list(flat.type) or pa.types.is_large_list(flat.type) or pa.types.is_fixed_size_list(flat.type):
+        flat = flat.flatten()
+    array = np.asarray(flat.to_numpy(zero_copy_only=False))
+    if flat.null_count or array.size != len(values) * int(np.prod(shape, dtype=np.int64)):
+        return [None if v is None else np.asarray(v) for v in values.to_pylist()]  # ragged: row by row
+    return array.reshape((len(values), *shape))
 
 
 def open_dataset(path: Path | str) -> DatasetToEdit:

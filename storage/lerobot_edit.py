@@ -14,7 +14,7 @@ What a version holds, file by file:
   start on one, and reporting them). A source file whose episodes are all kept, in order, is hard-linked.
 - **data**: the kept episodes' rows, copied with ``episode_index``, ``index`` and ``task_index`` renumbered.
 - **meta/episodes**: the kept rows, renumbered, their per-episode statistics kept (those of the renumbered
-  columns recomputed with LeRobot's ``compute_episode_stats``); ``stats.json`` is LeRobot's ``aggregate_stats``
+  columns follow the new values, see ``_renumbered_stats``); ``stats.json`` is LeRobot's ``aggregate_stats``
   of them (nothing decoded). ``tasks.parquet``: the kept episodes' tasks, renumbered densely.
 - **demoforge files**: the sidecar rows of the kept episodes (``dataset_episode_index`` renumbered; the
   sub-task language rows in the data are per episode and copied as they are), and the marker: the kept
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -139,8 +140,7 @@ class _Run:
     positions: list[int]  # indices into the output episode list
     spans: list[Span]
     link: bool = False
-    video: VideoFile | None = None  # demuxed, for a copy
-    cuts: list[SpanCut] = field(default_factory=list)
+    cuts: list[SpanCut] = field(default_factory=list)  # what a copy re-encodes (known once analysed or written)
 
 
 @dataclass
@@ -160,9 +160,10 @@ class _Plan:
         return sum(1 for r in runs if not r.link), sum(1 for r in runs if r.link)
 
 
-def _plan(chosen: list[Chosen]) -> _Plan:
+def _plan(chosen: list[Chosen], *, analyse: bool = False) -> _Plan:
     """Tasks, and for each camera the source files the output's episodes come from (linked when a file's
-    episodes are all kept in their order; otherwise cut, with what the cut re-encodes)."""
+    episodes are all kept in their order; otherwise cut). ``analyse``: also say what each cut re-encodes
+    (a dry run; a write learns it while it copies, reading each file once)."""
     tasks: dict[str, int] = {}
     used: dict[int, set[str]] = {}
     for source, index in chosen:
@@ -193,9 +194,9 @@ def _plan(chosen: list[Chosen]) -> _Plan:
         for run in runs[key]:
             members = [chosen[p][1] for p in run.positions]
             run.link = members == holders[(id(run.source), run.path)]
-            if not run.link:
-                run.video = VideoFile(run.path, run.source.fps)
-                run.cuts = [run.video.cut(span) for span in run.spans]
+            if not run.link and analyse:
+                video = VideoFile(run.path, run.source.fps)
+                run.cuts = [video.cut(span) for span in run.spans]
     frames = sum(source.episodes[index].length for source, index in chosen)
     return _Plan(chosen, tasks, runs, frames)
 
@@ -289,7 +290,8 @@ class _VersionWriter:
             next_videos={key.removeprefix("observation.images."): c for key, c in cursors.items()},
             episodes=tuple(PublishedEpisode(episode_id, new, s.episodes[i].store_id) for new, (s, i)
                            in enumerate(chosen) if (episode_id := s.episodes[i].episode_id) is not None),
-            files=self._checksums(build), removed=ident.removed, edit=ident.edit)
+            files=self._checksums(build), removed=ident.removed,
+            edit={**ident.edit, "reencoded_frames": plan.reencoded[0]})
         self.written.append(write_json(build / MARKER, marker.to_json()))
         return marker
 
@@ -309,8 +311,8 @@ class _VersionWriter:
             else:
                 self.linked[out] = run.source.recorded_checksum(run.path.relative_to(run.source.root).as_posix())
         else:
-            assert run.video is not None
-            result: CopyResult = copy_spans(run.video, run.spans, out, run.source.features[run.key].get("info"))
+            video = VideoFile(run.path, run.source.fps, hold=True)
+            result: CopyResult = copy_spans(video, run.spans, out, run.source.features[run.key].get("info"))
             spans = list(result.spans)
             run.cuts = list(result.cuts)
             self.written.append(out)
@@ -322,40 +324,47 @@ class _VersionWriter:
 
     # -- data
     def _data(self, build: Path) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+        """The kept episodes' rows, renumbered: each source data file is read once, its kept rows taken and
+        their three columns rewritten at once, then handed to the writer episode by episode."""
         import pyarrow as pa
 
         chosen = self.plan.chosen
-        first = chosen[0][0]
-        writer = DataFileWriter(build, first.features, (0, 0))
+        writer = DataFileWriter(build, chosen[0][0].features, (0, 0))
         spans: list[tuple[int, int]] = []
         self._stats: list[dict[str, dict[str, np.ndarray]]] = []
         self._renumbered: list[dict[str, dict[str, np.ndarray]]] = []
         frame = 0
         rows = _RowReader()
-        try:
-            for new, (source, index) in enumerate(chosen):
-                table = rows.episode(source, index)
-                n = table.num_rows
+        numbered = [(new, source, index) for new, (source, index) in enumerate(chosen)]
+        try:  # one source file at a time (only its table is held)
+            for (source, _path), group in itertools.groupby(numbered, key=lambda g: (g[1], g[1].data_file(g[2]))):
+                members = list(group)
+                starts = [rows.locate(source, index) for _new, _source, index in members]
+                table = starts[0][0]
+                lengths = [source.episodes[index].length for _new, _source, index in members]
+                taken = table.take(np.concatenate([np.arange(start, start + n) for (_t, start), n
+                                                   in zip(starts, lengths)]))
                 mapping = np.asarray([self.plan.tasks.get(name, -1) for name in source.tasks], dtype=np.int64)
-                old_tasks = table["task_index"].to_numpy()
-                new_tasks = mapping[old_tasks]
-                if (new_tasks < 0).any():
-                    raise EditError(f"{source.describe()}: episode {index} has frames of a task its metadata "
-                                    "does not list")
-                columns = {"episode_index": np.full(n, new, dtype=np.int64),
-                           "index": np.arange(frame, frame + n, dtype=np.int64), "task_index": new_tasks}
+                total = sum(lengths)
+                columns = {"episode_index": np.repeat(np.asarray([m[0] for m in members], dtype=np.int64), lengths),
+                           "index": np.arange(frame, frame + total, dtype=np.int64),
+                           "task_index": mapping[np.asarray(taken["task_index"].to_numpy())]}
+                if (columns["task_index"] < 0).any():
+                    raise EditError(f"{source.describe()}: an episode has frames of a task its metadata does not "
+                                    "list")
                 for name, values in columns.items():
-                    position = table.column_names.index(name)
-                    table = table.set_column(position, table.schema.field(name),
-                                             pa.array(values, type=table.schema.field(name).type))
-                spans.append(writer.add_table(table))
-                stats = source.episode_stats(index)
-                fresh = _column_stats(columns, source.features)
-                self._renumbered.append({k: v for k, v in fresh.items() if k in stats})
-                self._stats.append({**stats, **self._renumbered[-1]})
-                frame += n
-                if new % 50 == 49 or new == len(chosen) - 1:
-                    self.progress("data", new + 1, len(chosen))
+                    field_ = taken.schema.field(name)
+                    taken = taken.set_column(taken.column_names.index(name), field_, pa.array(values, type=field_.type))
+                offset = 0
+                for (new, _source, index), n in zip(members, lengths):
+                    spans.append(writer.add_table(taken.slice(offset, n)))
+                    stats = source.episode_stats(index)
+                    mine = {name: values[offset:offset + n] for name, values in columns.items()}
+                    self._renumbered.append(_renumbered_stats(stats, mine, source.features))
+                    self._stats.append({**stats, **self._renumbered[-1]})
+                    offset += n
+                frame += total
+                self.progress("data", members[-1][0] + 1, len(chosen))
         finally:
             data_next = writer.close()
         self.written += writer.files
@@ -367,7 +376,9 @@ class _VersionWriter:
         import pyarrow as pa
 
         chosen = self.plan.chosen
-        tables = [source.episodes_table.slice(index, 1) for source, index in chosen]
+        tables = []  # the kept rows, one take per run of episodes from the same source
+        for source, run in itertools.groupby(chosen, key=lambda c: c[0]):
+            tables.append(source.episodes_table.take([index for _source, index in run]))
         table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
         frame = 0
         columns: dict[str, list[Any]] = {name: [] for name in ("episode_index", "data/chunk_index", "data/file_index",
@@ -424,7 +435,8 @@ class _RowReader:
         self._table: Any = None
         self._bounds: dict[int, tuple[int, int]] = {}
 
-    def episode(self, source: DatasetToEdit, index: int) -> Any:
+    def locate(self, source: DatasetToEdit, index: int) -> tuple[Any, int]:
+        """The data table holding episode ``index`` and the row its frames start at."""
         import pyarrow.parquet as pq
 
         path = source.data_file(index)
@@ -446,15 +458,37 @@ class _RowReader:
         if stop - start != length:
             raise EditError(f"{short_path(path)} holds {stop - start} row(s) of episode {index}; its metadata says "
                             f"{length} (`demoforge validate {source.path}` reports more)")
-        return self._table.slice(start, length)
+        return self._table, start
 
 
-def _column_stats(columns: Mapping[str, np.ndarray], features: Mapping[str, Mapping[str, Any]]
-                  ) -> dict[str, dict[str, np.ndarray]]:
-    from lerobot.datasets.compute_stats import compute_episode_stats
+def _renumbered_stats(stats: Mapping[str, Mapping[str, np.ndarray]], columns: Mapping[str, np.ndarray],
+                      features: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, np.ndarray]]:
+    """The per-episode statistics of the renumbered columns, for the new values: a constant column
+    (``episode_index``, the ``task_index`` of a one-task episode) has the value as every statistic and std 0;
+    ``index`` moved by an offset moves its statistics by it; anything else is recomputed with LeRobot's
+    ``compute_episode_stats``. Only the columns the episode has statistics of."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    recompute: dict[str, np.ndarray] = {}
+    for name, values in columns.items():
+        old = stats.get(name)
+        if old is None:
+            continue
+        if len(values) and values.min() == values.max():
+            out[name] = {k: np.asarray(v) if k == "count" else
+                         np.zeros_like(np.asarray(v)) if k == "std" else
+                         np.full_like(np.asarray(v), values[0]) for k, v in old.items()}
+        elif name == "index" and "min" in old:
+            offset = int(values[0]) - int(np.asarray(old["min"]).reshape(-1)[0])
+            out[name] = {k: np.asarray(v) if k in ("count", "std") else np.asarray(v) + offset
+                         for k, v in old.items()}
+        else:
+            recompute[name] = values
+    if recompute:
+        from lerobot.datasets.compute_stats import compute_episode_stats
 
-    present = {k: v for k, v in columns.items() if k in features}
-    return compute_episode_stats(present, {k: {**features[k], "shape": tuple(features[k]["shape"])} for k in present})
+        out.update(compute_episode_stats(recompute, {k: {**features[k], "shape": tuple(features[k]["shape"])}
+                                                     for k in recompute}))
+    return out
 
 
 # ----------------------------------------------------------------------------------------- publishing
@@ -565,18 +599,19 @@ def edit_dataset(path: Path | str, *, delete: str | None = None, delete_rejected
         raise EditError("--split needs --out-root DIR: each part becomes the dataset DIR/<part>")
     if split is None and out_root is not None:
         raise EditError("--out-root is for --split; to write the edit as a new dataset use --out")
-    source = open_dataset(path)
-    if split is None and out is None and source.foreign:
-        raise EditError(f"{short_path(path)} is a LeRobot dataset demoforge did not write; demoforge never modifies "
-                        "it: write the edit as a new dataset with --out DIR (or split it with --split)")
-    if split is None and out is None and not dry_run:
-        assert source.published is not None
-        with _locked(source.published.versions):
-            source = open_dataset(path)  # read again under the lock: the version now published stays so
-            remove_unfinished(source.published.versions, source.published.current)  # type: ignore[union-attr]
+    in_place = split is None and out is None
+    if in_place and not dry_run and ((path / MARKER).is_file() or path.is_symlink()):
+        with _locked(resolve_target(path).versions):  # read under the lock: the version published stays so
+            source = open_dataset(path)
+            assert source.published is not None
+            remove_unfinished(source.published.versions, source.published.current)
             return _edit(source, started, pause, progress, delete=delete, delete_rejected=delete_rejected,
                          keep_where=keep_where, task=task, replay=replay, out=None, split=None, seed=seed,
                          stratify=stratify, out_root=None, repo_id=repo_id, dry_run=False, again=again)
+    source = open_dataset(path)
+    if in_place and source.foreign:
+        raise EditError(f"{short_path(path)} is a LeRobot dataset demoforge did not write; demoforge never modifies "
+                        "it: write the edit as a new dataset with --out DIR (or split it with --split)")
     with _reading([source] if not dry_run else []):
         return _edit(source, started, pause, progress, delete=delete, delete_rejected=delete_rejected,
                      keep_where=keep_where, task=task, replay=replay, out=out, split=split, seed=seed,
@@ -660,7 +695,7 @@ def _edit(source: DatasetToEdit, started: float, pause: Callable[[str], None], p
             jobs.append((part.name, chosen, identity, target))  # every part checked before any is written
         outputs = []
         for name, chosen, identity, target in jobs:
-            plan = _plan(chosen)
+            plan = _plan(chosen, analyse=dry_run)
             outputs.append(_publish_new(target, plan, identity, dry_run, pause, progress, name))
         return report(*outputs)
 
@@ -668,7 +703,7 @@ def _edit(source: DatasetToEdit, started: float, pause: Callable[[str], None], p
     if out is not None:
         identity = _identity([source], chosen, repo_id, selection.operation or "copy")
         target = _check_new_output(Path(out), identity, [source])
-        return report(_publish_new(target, _plan(chosen), identity, dry_run, pause, progress))
+        return report(_publish_new(target, _plan(chosen, analyse=dry_run), identity, dry_run, pause, progress))
 
     # in place: the dataset's next version
     published = source.published
@@ -679,7 +714,7 @@ def _edit(source: DatasetToEdit, started: float, pause: Callable[[str], None], p
         return report(WrittenDataset(source.path, UNCHANGED, source.version, len(source.episodes),
                                      sum(e.length for e in source.episodes), len(source.tasks)))
     identity = _identity([source], chosen, repo_id or source.marker.repo_id, selection.operation, request=request)
-    plan = _plan(chosen)
+    plan = _plan(chosen, analyse=dry_run)
     if dry_run:
         return report(_outcome(source.path, DRY_RUN, None, plan))
     check_writable(source.path.parent)
@@ -756,6 +791,6 @@ def merge_datasets(paths: Sequence[Path | str], out: Path | str, *, repo_id: str
     identity = _identity(sources, chosen, repo_id, "merge")
     target = _check_new_output(Path(out), identity, sources)
     with _reading(sources if not dry_run else []):
-        written = _publish_new(target, _plan(chosen), identity, dry_run, pause, progress)
+        written = _publish_new(target, _plan(chosen, analyse=dry_run), identity, dry_run, pause, progress)
     return EditReport(tuple(s.describe() for s in sources), len(chosen), {}, (written,),
                       time.monotonic() - started)

@@ -119,6 +119,8 @@ class DataFileWriter:
         self._writer: Any = None
         self._pending: list[dict[str, Any]] = []
         self._pending_bytes = 0
+        self._tables: list[Any] = []  # add_table's episodes not written yet
+        self._tables_bytes = 0
         self._file_bytes = 0
 
     def add(self, cols: dict[str, Any]) -> tuple[int, int]:
@@ -136,16 +138,33 @@ class DataFileWriter:
         return self.chunk, self.file
 
     def add_table(self, table: Any) -> tuple[int, int]:
-        """Append one episode's rows as they are (an arrow table with the file's schema: an edit copying rows
-        of a published file); returns the (chunk, file) they go to."""
+        """Append one episode's rows as they are (an arrow table: an edit copying rows of a published file);
+        returns the (chunk, file) they go to. Episodes are written in batches (row groups of up to
+        BATCH_EPISODES episodes: a write per episode costs more than the copy)."""
         self._flush()
         if self._file_bytes and self._file_bytes + table.nbytes > DATA_FILE_MB * 2**20:
+            self._flush_tables()
             self._close_file()
             self.chunk, self.file = next_file(self.chunk, self.file)
-        writer = self._open(table.schema)
-        writer.write_table(table if table.schema == writer.schema else table.cast(writer.schema))
+        if self._tables and table.schema != self._tables[0].schema:
+            table = table.cast(self._tables[0].schema)
+        self._tables.append(table)
+        self._tables_bytes += table.nbytes
         self._file_bytes += table.nbytes
+        if len(self._tables) >= self.BATCH_EPISODES or self._tables_bytes >= self.BATCH_BYTES:
+            self._flush_tables()
         return self.chunk, self.file
+
+    def _flush_tables(self) -> None:
+        import pyarrow as pa
+
+        if not self._tables:
+            return
+        writer = self._open(self._tables[0].schema)
+        batch = pa.concat_tables(self._tables)
+        writer.write_table(batch if batch.schema == writer.schema else batch.cast(writer.schema),
+                           row_group_size=max(batch.num_rows, 1))
+        self._tables, self._tables_bytes = [], 0
 
     def _open(self, schema: Any) -> Any:
         import pyarrow.parquet as pq
@@ -178,6 +197,7 @@ class DataFileWriter:
 
     def close(self) -> tuple[int, int]:
         self._flush()
+        self._flush_tables()
         had_file = self._writer is not None
         self._close_file()
         return next_file(self.chunk, self.file) if had_file else (self.chunk, self.file)

@@ -19,6 +19,7 @@ file's decode timestamps only increase (runs with less delay are decoded a littl
 
 from __future__ import annotations
 
+import bisect
 import io
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -91,8 +92,12 @@ class _Plan:
 class VideoFile:
     """One source mp4, demuxed once (packet timestamps and keyframe flags only; nothing decoded)."""
 
-    def __init__(self, path: Path, fps: int) -> None:
+    HOLD_BYTES = 64 << 20  # a file up to this size keeps its packets from the first demux (no second read)
+
+    def __init__(self, path: Path, fps: int, *, hold: bool = False) -> None:
+        """``hold``: keep the packets (when the file is at most HOLD_BYTES) for :func:`copy_spans`."""
         self.path, self.fps = path, fps
+        self.held: list[Any] | None = [] if hold and path.stat().st_size <= self.HOLD_BYTES else None
         try:
             with av.open(str(path)) as container:
                 stream = container.streams.video[0]
@@ -107,6 +112,8 @@ class VideoFile:
                         continue
                     packets.append(_Packet(len(packets), self.frame_of(packet.pts), bool(packet.is_keyframe),
                                            int(packet.pts), int(packet.pts if packet.dts is None else packet.dts)))
+                    if self.held is not None:
+                        self.held.append(packet)
         except (av.FFmpegError, IndexError) as exc:
             raise VideoCutError(f"cannot read {path}: {exc}") from None
         self.packets = packets
@@ -118,7 +125,8 @@ class VideoFile:
         self.last_frame = max(self.by_frame, default=-1)
 
     def frame_of(self, pts: int) -> int:
-        return round(pts * self.time_base * self.fps)
+        exact = pts * self.time_base.numerator * self.fps  # / time_base.denominator, rounded half up
+        return (2 * exact + self.time_base.denominator) // (2 * self.time_base.denominator)
 
     def _frames(self, span: Span) -> tuple[int, int]:
         first, end = round(span.from_s * self.fps), round(span.to_s * self.fps)
@@ -129,13 +137,14 @@ class VideoFile:
         return first, end
 
     def _gop_end(self, key: int) -> int:
-        later = [k for k in self.keyframes if k > key]
-        return later[0] if later else self.last_frame + 1
+        at = bisect.bisect_right(self.keyframes, key)
+        return self.keyframes[at] if at < len(self.keyframes) else self.last_frame + 1
 
     def _prefix_ok(self, key: int, end: int) -> bool:
         """Whether, in the GOP starting at ``key``, the packets of frames before ``end`` all come before the
         others in decode order (then none of them refers to a frame at or after ``end``)."""
-        gop = sorted((p for p in self.packets if key <= p.frame < self._gop_end(key)), key=lambda p: p.order)
+        members = (self.by_frame.get(f) for f in range(key, self._gop_end(key)))
+        gop = sorted((p for p in members if p is not None), key=lambda p: p.order)
         wanted = sum(1 for p in gop if p.frame < end)
         return all(p.frame < end for p in gop[:wanted])
 
@@ -147,7 +156,7 @@ class VideoFile:
 
     def _copy_range(self, first: int, end: int) -> tuple[int, int]:
         """The frames ``[start, stop)`` of ``[first, end)`` whose packets can be copied (start == stop: none)."""
-        inside = [k for k in self.keyframes if first <= k < end]
+        inside = self.keyframes[bisect.bisect_left(self.keyframes, first):bisect.bisect_left(self.keyframes, end)]
         if not inside:
             return first, first
         start = inside[0]
@@ -259,25 +268,35 @@ def copy_spans(source: VideoFile, spans: Sequence[Span], out_path: Path,
     with av.open(str(source.path)) as src, av.open(str(out_path), mode="w", format="mp4") as out:
         in_stream = src.streams.video[0]
         out_stream = out.add_stream_from_template(in_stream, opaque=True)  # copy, never encode
-        copied = _source_packets(src, in_stream, copied_orders)  # read in one pass over the file
+        copied = iter([source.held[o] for o in sorted(copied_orders)]) if source.held is not None else \
+            _source_packets(src, in_stream, copied_orders)  # read again, in one pass over the file
         delay = max((s.first_pts - s.first_dts) * s.time_base for s, _ in placed)
-        last_dts: Fraction | None = None
+        last_dts: Fraction | None = None  # in seconds, at the end of the previous segment
         for segment, start in placed:
             tb = segment.time_base
-            shift = start - segment.first_pts * tb
             lower = delay - (segment.first_pts - segment.first_dts) * tb  # decode this run earlier by this much
+            pts_shift = start / tb - segment.first_pts  # in the segment's time base (whole for CFR streams)
+            dts_shift = pts_shift - lower / tb
+            whole = pts_shift.denominator == 1 and dts_shift.denominator == 1
             run = (next(copied) for _ in range(segment.frames)) if segment.copied else iter(segment.packets)
+            previous: int | None = None
             for packet in run:
-                pts = packet.pts * tb + shift
-                dts = (packet.pts if packet.dts is None else packet.dts) * tb + shift - lower
-                if last_dts is not None and dts <= last_dts:
+                dts_in = packet.pts if packet.dts is None else packet.dts
+                if whole:
+                    pts, dts = packet.pts + int(pts_shift), dts_in + int(dts_shift)
+                else:
+                    pts, dts = round(packet.pts + pts_shift), round(dts_in + dts_shift)
+                if (previous is None and last_dts is not None and dts * tb <= last_dts) or \
+                        (previous is not None and dts <= previous):
                     raise VideoCutError(f"{source.path}: cannot order the decode timestamps of the kept episodes "
                                         "(the stream's frame reordering changes within the file)")
-                last_dts = dts
-                packet.pts, packet.dts = round(pts / tb), round(dts / tb)
+                previous = dts
+                packet.pts, packet.dts = pts, dts
                 packet.time_base = tb
                 packet.stream = out_stream
                 out.mux(packet)
+            if previous is not None:
+                last_dts = previous * tb
     return CopyResult(tuple(out_spans), tuple(p.cut for p in plans))
 
 

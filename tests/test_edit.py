@@ -203,6 +203,7 @@ def test_a_lerobot_dataset_is_smart_cut_and_the_reencoded_frames_are_reported(tm
     assert (out.reencoded_frames, out.reencoded_episodes) == (4, 2)
     assert tree(foreign) == before
     edited = tmp_path / "edited"
+    assert ExportMarker.read(edited.resolve()).edit["reencoded_frames"] == 4  # recorded, never silent
     assert violations(edited, demoforge=False, backends=("pyav", "torchcodec")) == []
     for new, old, head in ((0, 1, 3), (1, 2, 0), (2, 3, 1)):
         assert packet_hashes(edited, new)[head:] == packet_hashes(foreign, old)[head:]  # after the keyframe

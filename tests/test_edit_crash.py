@@ -5,9 +5,6 @@ the same command run again finishes the work or reports it done."""
 from __future__ import annotations
 
 import random
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,7 @@ from demoforge.storage.lerobot_edit import ALREADY, WRITTEN, edit_dataset, merge
 from demoforge.storage.lerobot_export import export_stores
 from demoforge.storage.publish import unfinished_leftovers
 from edit_helpers import copy_dataset, episodes_meta, toy_store, violations
-from helpers import cli_env, demoforge_argv
+from helpers import cli_env, demoforge_argv, kill_once_started
 
 pytestmark = pytest.mark.slow
 KILLS_PER_OPERATION = 2
@@ -44,20 +41,12 @@ def kill_while_writing(argv: list[str], watch: list[Path], delay_s: float) -> bo
     version or a new ``.versions`` folder appears under ``watch``), let it work ``delay_s`` more, SIGKILL it.
     True when the kill landed (False: it had finished)."""
     before = {p for w in watch for p in w.parent.glob(f"{w.name}*")}
-    proc = subprocess.Popen(argv, env=cli_env(DEMOFORGE_EXPORT_PAUSE="0.3"), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and time.monotonic() < deadline:
+
+    def writing() -> bool:
         now = {p for w in watch for p in w.parent.glob(f"{w.name}*")}
-        if now - before or any(w.is_dir() and any(w.glob("*.partial")) for w in watch):
-            break
-        time.sleep(0.02)
-    time.sleep(delay_s)
-    killed = proc.poll() is None
-    if killed:
-        proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    return killed
+        return bool(now - before) or any(w.is_dir() and any(w.glob("*.partial")) for w in watch)
+
+    return kill_once_started(argv, writing, delay_s, cli_env(DEMOFORGE_EXPORT_PAUSE="0.3"))
 
 
 def published(path: Path) -> int | None:
