@@ -99,6 +99,7 @@ class DatasetToEdit:
         self._real_root = self.root.resolve()
         self._inside: dict[str, Path] = {}
         self._stats_columns: list[tuple[str, str, Any]] | None = None
+        self._data: tuple[Path, Any, dict[int, tuple[int, int]]] | None = None
         self.info: dict[str, Any] = json.loads((self.root / INFO).read_text())
         if self.info.get("codebase_version") != "v3.0":
             raise EditError(f"{short_path(self.path)} is LeRobot format {self.info.get('codebase_version')!r}; "
@@ -154,6 +155,32 @@ class DatasetToEdit:
         row = self._rows[index]
         return self.inside(self.info["data_path"].format(chunk_index=int(row["data/chunk_index"]),
                                                          file_index=int(row["data/file_index"])))
+
+    def data_rows(self, index: int) -> tuple[Any, int]:
+        """The data table holding episode ``index`` and the row its frames start at. The last file read stays
+        in memory (the parts of a split read it once)."""
+        import pyarrow.parquet as pq
+
+        path = self.data_file(index)
+        if self._data is None or self._data[0] != path:
+            table = pq.read_table(path)
+            values = np.asarray(table["episode_index"].to_numpy())
+            bounds: dict[int, tuple[int, int]] = {}
+            if len(values):
+                edges = np.flatnonzero(np.diff(values)) + 1
+                for start, stop in zip(np.r_[0, edges], np.r_[edges, len(values)]):
+                    if int(values[start]) in bounds:
+                        raise EditError(f"{short_path(path)}: the rows of episode {int(values[start])} are not "
+                                        "contiguous")
+                    bounds[int(values[start])] = (int(start), int(stop))
+            self._data = (path, table, bounds)
+        _path, table, bounds = self._data
+        start, stop = bounds.get(index, (0, 0))
+        length = self.episodes[index].length
+        if stop - start != length:
+            raise EditError(f"{short_path(path)} holds {stop - start} row(s) of episode {index}; its metadata says "
+                            f"{length} (`demoforge validate {self.path}` reports more)")
+        return table, start
 
     def video_file(self, key: str, index: int) -> tuple[Path, float, float]:
         """The mp4 holding episode ``index`` of camera ``key`` and the span it is shown in there."""

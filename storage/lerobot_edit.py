@@ -334,12 +334,11 @@ class _VersionWriter:
         self._stats: list[dict[str, dict[str, np.ndarray]]] = []
         self._renumbered: list[dict[str, dict[str, np.ndarray]]] = []
         frame = 0
-        rows = _RowReader()
         numbered = [(new, source, index) for new, (source, index) in enumerate(chosen)]
         try:  # one source file at a time (only its table is held)
             for (source, _path), group in itertools.groupby(numbered, key=lambda g: (g[1], g[1].data_file(g[2]))):
                 members = list(group)
-                starts = [rows.locate(source, index) for _new, _source, index in members]
+                starts = [source.data_rows(index) for _new, _source, index in members]
                 table = starts[0][0]
                 lengths = [source.episodes[index].length for _new, _source, index in members]
                 taken = table.take(np.concatenate([np.arange(start, start + n) for (_t, start), n
@@ -425,40 +424,6 @@ class _VersionWriter:
                 known = self.linked.get(path)
                 out[rel] = known if known is not None else file_checksum(path)
         return out
-
-
-class _RowReader:
-    """Reads source data files one at a time (the last one stays open) and hands out episodes' rows."""
-
-    def __init__(self) -> None:
-        self._path: Path | None = None
-        self._table: Any = None
-        self._bounds: dict[int, tuple[int, int]] = {}
-
-    def locate(self, source: DatasetToEdit, index: int) -> tuple[Any, int]:
-        """The data table holding episode ``index`` and the row its frames start at."""
-        import pyarrow.parquet as pq
-
-        path = source.data_file(index)
-        if path != self._path:
-            self._table = pq.read_table(path)
-            self._path = path
-            values = np.asarray(self._table["episode_index"].to_numpy())
-            self._bounds = {}
-            if len(values):
-                edges = np.flatnonzero(np.diff(values)) + 1
-                starts, stops = np.r_[0, edges], np.r_[edges, len(values)]
-                for start, stop in zip(starts, stops):
-                    if int(values[start]) in self._bounds:
-                        raise EditError(f"{short_path(path)}: the rows of episode {int(values[start])} are not "
-                                        "contiguous")
-                    self._bounds[int(values[start])] = (int(start), int(stop))
-        start, stop = self._bounds.get(index, (0, 0))
-        length = source.episodes[index].length
-        if stop - start != length:
-            raise EditError(f"{short_path(path)} holds {stop - start} row(s) of episode {index}; its metadata says "
-                            f"{length} (`demoforge validate {source.path}` reports more)")
-        return self._table, start
 
 
 def _renumbered_stats(stats: Mapping[str, Mapping[str, np.ndarray]], columns: Mapping[str, np.ndarray],
