@@ -23,6 +23,7 @@ from demoforge.storage.publish import VERSIONS_SUFFIX, ExportError, Published, r
 from demoforge.storage.paths import short_path
 
 EPISODES_GLOB = "meta/episodes/*/*.parquet"
+VIDEO_CACHE = 4  # demuxed video files kept for the next part of a split
 
 
 class EditError(ExportError):
@@ -100,6 +101,7 @@ class DatasetToEdit:
         self._inside: dict[str, Path] = {}
         self._stats_columns: list[tuple[str, str, Any]] | None = None
         self._data: tuple[Path, Any, dict[int, tuple[int, int]]] | None = None
+        self._videos: dict[Path, Any] = {}  # path -> VideoFile, least recently used first
         self.info: dict[str, Any] = json.loads((self.root / INFO).read_text())
         if self.info.get("codebase_version") != "v3.0":
             raise EditError(f"{short_path(self.path)} is LeRobot format {self.info.get('codebase_version')!r}; "
@@ -181,6 +183,20 @@ class DatasetToEdit:
             raise EditError(f"{short_path(path)} holds {stop - start} row(s) of episode {index}; its metadata says "
                             f"{length} (`demoforge validate {self.path}` reports more)")
         return table, start
+
+    def video(self, path: Path) -> Any:
+        """The demuxed ``VideoFile`` of one of the dataset's mp4 files, for a copy. The last few stay in memory
+        (timestamps and flags only): the parts of a split demux each file once, and all but the first read it
+        again only to copy its packets."""
+        from demoforge.storage.video_cut import VideoFile
+
+        video = self._videos.pop(path, None)
+        if video is None:
+            video = VideoFile(path, self.fps, hold=True)
+        self._videos[path] = video
+        while len(self._videos) > VIDEO_CACHE:
+            self._videos.pop(next(iter(self._videos)))
+        return video
 
     def video_file(self, key: str, index: int) -> tuple[Path, float, float]:
         """The mp4 holding episode ``index`` of camera ``key`` and the span it is shown in there."""

@@ -241,8 +241,6 @@ class _VersionWriter:
         self.target, self.number, self.plan, self.identity = target, number, plan, identity
         self.pause = pause
         self.progress = progress or (lambda _what, _done, _total: None)
-        first = plan.chosen[0][0]
-        self.fps = first.fps
         self.written: list[Path] = []
         self.linked: dict[Path, FileChecksum | None] = {}  # files hard-linked from a source: recorded checksum
 
@@ -311,8 +309,9 @@ class _VersionWriter:
             else:
                 self.linked[out] = run.source.recorded_checksum(run.path.relative_to(run.source.root).as_posix())
         else:
-            video = VideoFile(run.path, run.source.fps, hold=True)
+            video = run.source.video(run.path)
             result: CopyResult = copy_spans(video, run.spans, out, run.source.features[run.key].get("info"))
+            video.held = None  # copied (and shifted): a later part reads the file again
             spans = list(result.spans)
             run.cuts = list(result.cuts)
             self.written.append(out)

@@ -7,7 +7,8 @@ The dataset is generated once (fetch-pick-place, one pick-and-place cycle, 64x64
 AV1 settings) into --work and reused by later runs (generation is not timed). Each side edits a fresh copy.
 Timed: demoforge's ``edit_dataset`` (a new version in place / two sibling datasets) against
 ``lerobot.datasets.dataset_tools.delete_episodes`` / ``split_dataset`` (new datasets; they also load the result,
-as they return a LeRobotDataset). Imports and one warm-up call of each happen before timing.
+as they return a LeRobotDataset). Imports and one warm-up call of each happen before timing; each operation is
+timed --repeat times on each side, the median reported.
 
 Fidelity: every kept episode's packets are hashed in the source and in demoforge's result (they must be
 identical: 0 mismatches); LeRobot's result is decoded and compared with the source's decoded frames (PSNR).
@@ -20,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -98,15 +100,10 @@ def fidelity(source: Path, result: Path, kept: list[int], fps: int) -> dict[str,
             "identical_frames": sum(1 for v in values if not np.isfinite(v)), "frames": len(values)}
 
 
-def timed(fn) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each operation on each side (median)")
     parser.add_argument("--work", type=Path, default=Path("runs/bench-edit"),
                         help="where the dataset is generated (reused) and the edits are written")
     args = parser.parse_args()
@@ -133,31 +130,42 @@ def main() -> None:
     edit_dataset(copy_dataset(dataset, runs / "warm-ours"), delete="0")
     delete_episodes(lerobot(dataset.resolve()), [0], output_dir=runs / "warm-lerobot", repo_id="bench/warm")
 
-    results = {}
-    ours = copy_dataset(dataset, runs / "ours-delete")
-    results["delete 10%: demoforge"] = timed(lambda: edit_dataset(ours, delete=",".join(map(str, deleted))))
-    results["delete 10%: lerobot"] = timed(lambda: delete_episodes(
-        lerobot(dataset.resolve()), deleted, output_dir=runs / "lerobot-delete", repo_id="bench/deleted"))
-    results["split 90/10: demoforge"] = timed(lambda: edit_dataset(
-        dataset, split=parse_split("train=0.9,val=0.1"), seed=0, out_root=runs / "ours-split"))
-    results["split 90/10: lerobot"] = timed(lambda: split_dataset(
-        lerobot(dataset.resolve()), {"train": 0.9, "val": 0.1}, output_dir=runs / "lerobot-split"))
+    results: dict[str, list[float]] = {}
+
+    def measure(name: str, fn) -> None:  # fn(k) does the k-th repetition into its own folder
+        results[name] = []
+        for k in range(args.repeat):
+            started = time.perf_counter()
+            fn(k)
+            results[name].append(time.perf_counter() - started)
+
+    copies = [copy_dataset(dataset, runs / f"ours-delete-{k}") for k in range(args.repeat)]  # (not timed)
+    measure("delete 10%: demoforge", lambda k: edit_dataset(copies[k], delete=",".join(map(str, deleted))))
+    measure("delete 10%: lerobot", lambda k: delete_episodes(
+        lerobot(dataset.resolve()), deleted, output_dir=runs / f"lerobot-delete-{k}", repo_id="bench/deleted"))
+    measure("split 90/10: demoforge", lambda k: edit_dataset(
+        dataset, split=parse_split("train=0.9,val=0.1"), seed=0, out_root=runs / f"ours-split-{k}"))
+    measure("split 90/10: lerobot", lambda k: split_dataset(
+        lerobot(dataset.resolve()), {"train": 0.9, "val": 0.1}, output_dir=runs / f"lerobot-split-{k}"))
     load_after = Path("/proc/loadavg").read_text().split()[:3]
 
-    ours_fidelity = fidelity(dataset, ours, kept, fps)
-    lerobot_fidelity = fidelity(dataset, runs / "lerobot-delete", kept, fps)
-    ours_train = [int(r["dataset_episode_index"]) for r in _sidecar_source_indices(dataset, runs / "ours-split" / "train")]
-    split_fidelity = fidelity(dataset, runs / "ours-split" / "train", ours_train, fps)
+    ours_fidelity = fidelity(dataset, copies[0], kept, fps)
+    lerobot_fidelity = fidelity(dataset, runs / "lerobot-delete-0", kept, fps)
+    ours_train = [int(r["dataset_episode_index"]) for r in _sidecar_source_indices(dataset, runs / "ours-split-0" / "train")]
+    split_fidelity = fidelity(dataset, runs / "ours-split-0" / "train", ours_train, fps)
     lerobot_train = list(range(int(n * 0.9)))  # LeRobot's split: the first 90% of the episodes
-    lerobot_split_fidelity = fidelity(dataset, runs / "lerobot-split" / "train", lerobot_train, fps)
+    lerobot_split_fidelity = fidelity(dataset, runs / "lerobot-split-0" / "train", lerobot_train, fps)
 
     print(f"\ndataset: {n} episodes, {sum(m['length'] for m in episodes_meta(dataset))} frames, camera "
           f"{CAM} (AV1, LeRobot's default settings); load average before {' '.join(load_before)}, after "
           f"{' '.join(load_after)}")
-    print(f"{'operation':<24} {'demoforge s':>12} {'lerobot s':>10} {'ratio':>7}")
+    print(f"median of {args.repeat} run(s) each (all runs in brackets)")
+    print(f"{'operation':<14} {'demoforge s':>12} {'lerobot s':>10} {'ratio':>7}")
     for op in ("delete 10%", "split 90/10"):
         a, b = results[f"{op}: demoforge"], results[f"{op}: lerobot"]
-        print(f"{op:<24} {a:>12.2f} {b:>10.2f} {b / a:>6.1f}x")
+        ma, mb = statistics.median(a), statistics.median(b)
+        print(f"{op:<14} {ma:>12.2f} {mb:>10.2f} {mb / ma:>6.1f}x   "
+              f"[{', '.join(f'{x:.2f}' for x in a)}] [{', '.join(f'{x:.2f}' for x in b)}]")
     print("\nfidelity (kept episodes against the source)")
     for name, f in (("delete, demoforge", ours_fidelity), ("delete, lerobot", lerobot_fidelity),
                     ("split train, demoforge", split_fidelity), ("split train, lerobot", lerobot_split_fidelity)):
