@@ -119,6 +119,11 @@ def test_task_and_keep_where_filter_and_the_tasks_are_renumbered(two_tasks, tmp_
 
     from demoforge.storage.episode_filter import parse_filter
 
+    # --out: the same selection as a new dataset; the source stays as it is
+    points = edit_dataset(two_tasks["dataset"], task="toy-point", out=tmp_path / "points")
+    assert points.outputs[0].episodes == 5 and published_versions(two_tasks["dataset"]) == ["v000001"]
+    assert violations(tmp_path / "points") == []
+
     kept = edit_dataset(dataset, keep_where=parse_filter('index != 1 and (outcome == "success" or length < 0)'))
     assert kept.outputs[0].episodes == 2 and kept.removed == {"--keep-where": 1}
     assert edit_dataset(dataset, keep_where=parse_filter("success")).outputs[0].status == UNCHANGED
@@ -157,6 +162,10 @@ def test_split_is_deterministic_stratified_and_merging_the_parts_gives_the_datas
     assert sorted((r["store_id"], r["staging_episode_id"]) for r in sidecar(tmp_path / "merged")) == sorted(ids)
     assert ExportMarker.read((tmp_path / "merged").resolve()).removed == ()
     assert violations(tmp_path / "merged", backends=("pyav", "torchcodec")) == []
+
+
+def published_versions(dataset: Path) -> list[str]:
+    return sorted(p.name for p in Path(f"{dataset}.versions").iterdir() if p.is_dir())
 
 
 def _split(spec: str):
