@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import av
 
@@ -59,8 +59,7 @@ class SpanCut:
         return self.head + self.tail
 
 
-@dataclass(frozen=True)
-class _Packet:
+class _Packet(NamedTuple):  # (a tuple: files hold many thousands, made in a loop)
     order: int  # position in decode order
     frame: int  # presentation position, in frames from time 0
     key: bool
