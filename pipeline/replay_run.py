@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
-import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -26,6 +25,7 @@ from demoforge.pipeline.replay import (
     replay_episode,
 )
 from demoforge.storage.episode_source import EpisodeRef, EpisodeSource, EpisodeSourceError, open_episode_source
+from demoforge.storage.episode_spec import EpisodeSpecError, parse_episode_ranges
 
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_CANNOT_RUN = 0, 1, 2
 SAMPLE_SALT = b"demoforge-replay-sample"
@@ -36,25 +36,13 @@ class ReplayInputError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------- selection
-_RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d*)\s*)?")
-
-
 def parse_episode_spec(spec: str) -> Callable[[int], bool]:
     """``"0-9,12,20-"``: episode numbers, inclusive ranges, an open end. Refuses anything else."""
-    parts: list[tuple[int, int | None]] = []
-    for item in spec.split(","):
-        match = _RANGE.fullmatch(item)
-        if not match:
-            raise ReplayInputError(f"--episodes {spec!r}: {item.strip()!r} is not N, N-M or N- (e.g. 0-9,12,20-)")
-        low = int(match.group(1))
-        if match.group(2) is None:
-            high: int | None = low
-        else:
-            high = int(match.group(2)) if match.group(2) else None
-        if high is not None and high < low:
-            raise ReplayInputError(f"--episodes {spec!r}: the range {item.strip()!r} is empty")
-        parts.append((low, high))
-    return lambda n: any(low <= n and (high is None or n <= high) for low, high in parts)
+    try:
+        parts = parse_episode_ranges(spec, "--episodes")
+    except EpisodeSpecError as exc:
+        raise ReplayInputError(str(exc)) from None
+    return lambda n: any(n in part for part in parts)
 
 
 def sample_episodes(refs: Sequence[EpisodeRef], n: int) -> list[EpisodeRef]:

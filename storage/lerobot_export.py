@@ -88,6 +88,7 @@ class ExportReport:
     reconciled: int
     elapsed_s: float
     pruned_elsewhere: tuple[str, ...] = ()  # pruned episodes this dataset lacks: their staged data is gone
+    removed_by_edit: tuple[str, ...] = ()  # episodes `demoforge edit` removed from the dataset: never added again
 
 
 @dataclass(frozen=True)
@@ -144,9 +145,13 @@ def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str
             # can feed a second dataset, and a crash can fall between publishing and the catalog update.
             pending: list[tuple[_Source, AttemptRow]] = []
             gone: list[str] = []
+            edited_out: list[str] = []
             for source in sources:
                 present = set(marker.dataset_indices(source.store_id)) if marker else set()
                 rows = [r for r in source.catalog.committed() if r.episode_id not in present]
+                removed = marker.removed_ids(source.store_id, legacy=len(sources) == 1) if marker else set()
+                edited_out += [r.episode_id for r in rows if r.episode_id in removed]
+                rows = [r for r in rows if r.episode_id not in removed]
                 pruned = source.catalog.pruned_ids()  # exported earlier, staged data deleted: never read again
                 gone += [r.episode_id for r in rows if r.episode_id in pruned]
                 pending += [(source, r) for r in rows if r.episode_id not in pruned]
@@ -157,7 +162,8 @@ def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str
             if result is None:  # every pending episode failed its checks (or none was pending)
                 return ExportReport(out, target.current.name if target.current else None, 0,
                                     marker.total_episodes if marker else 0, marker.total_frames if marker else 0,
-                                    writer.quarantined, reconciled, time.monotonic() - started, tuple(gone))
+                                    writer.quarantined, reconciled, time.monotonic() - started, tuple(gone),
+                                    tuple(edited_out))
             version, published = result
             pause("before_catalog")
             for source in sources:
@@ -167,7 +173,7 @@ def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str
             prune_versions(target.versions, keep=KEEP_VERSIONS)
             return ExportReport(out, version, len(writer.exported), published.total_episodes,
                                 published.total_frames, writer.quarantined, reconciled,
-                                time.monotonic() - started, tuple(gone))
+                                time.monotonic() - started, tuple(gone), tuple(edited_out))
         finally:
             os.close(lock_fd)
 
@@ -385,7 +391,7 @@ class _VersionWriter:
                               episodes=(*(old.episodes if old else ()),
                                         *(PublishedEpisode(r.episode_id, i, src.store_id)
                                           for (src, r), i in zip(self.exported, self.new_indices))),
-                              files=_file_checksums(build, old, written))
+                              files=_file_checksums(build, old, written), removed=old.removed if old else ())
         written.append(write_json(build / MARKER, marker.to_json()))
         return publish_version(self.target, build, written, self.pause), marker
 

@@ -119,6 +119,8 @@ class DataFileWriter:
         self._writer: Any = None
         self._pending: list[dict[str, Any]] = []
         self._pending_bytes = 0
+        self._tables: list[Any] = []  # add_table's episodes not written yet
+        self._tables_bytes = 0
         self._file_bytes = 0
 
     def add(self, cols: dict[str, Any]) -> tuple[int, int]:
@@ -135,18 +137,51 @@ class DataFileWriter:
             self._flush()
         return self.chunk, self.file
 
-    def _flush(self) -> None:
+    def add_table(self, table: Any) -> tuple[int, int]:
+        """Append one episode's rows as they are (an arrow table: an edit copying rows of a published file);
+        returns the (chunk, file) they go to. Episodes are written in batches (row groups of up to
+        BATCH_EPISODES episodes: a write per episode costs more than the copy)."""
+        self._flush()
+        if self._file_bytes and self._file_bytes + table.nbytes > DATA_FILE_MB * 2**20:
+            self._flush_tables()
+            self._close_file()
+            self.chunk, self.file = next_file(self.chunk, self.file)
+        if self._tables and table.schema != self._tables[0].schema:
+            table = table.cast(self._tables[0].schema)
+        self._tables.append(table)
+        self._tables_bytes += table.nbytes
+        self._file_bytes += table.nbytes
+        if len(self._tables) >= self.BATCH_EPISODES or self._tables_bytes >= self.BATCH_BYTES:
+            self._flush_tables()
+        return self.chunk, self.file
+
+    def _flush_tables(self) -> None:
+        import pyarrow as pa
+
+        if not self._tables:
+            return
+        writer = self._open(self._tables[0].schema)
+        batch = pa.concat_tables(self._tables)
+        writer.write_table(batch if batch.schema == writer.schema else batch.cast(writer.schema),
+                           row_group_size=max(batch.num_rows, 1))
+        self._tables, self._tables_bytes = [], 0
+
+    def _open(self, schema: Any) -> Any:
         import pyarrow.parquet as pq
         from lerobot.datasets.utils import DEFAULT_DATA_PATH
 
-        if not self._pending:
-            return
-        table = _hf_table(self._pending, self.features)
         if self._writer is None:
             path = self.build / DEFAULT_DATA_PATH.format(chunk_index=self.chunk, file_index=self.file)
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(path, schema=table.schema, compression="snappy", use_dictionary=True)
+            self._writer = pq.ParquetWriter(path, schema=schema, compression="snappy", use_dictionary=True)
             self.files.append(path)
+        return self._writer
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        table = _hf_table(self._pending, self.features)
+        self._open(table.schema)
         start_row = 0
         for cols in self._pending:
             n = len(cols["index"])
@@ -162,6 +197,7 @@ class DataFileWriter:
 
     def close(self) -> tuple[int, int]:
         self._flush()
+        self._flush_tables()
         had_file = self._writer is not None
         self._close_file()
         return next_file(self.chunk, self.file) if had_file else (self.chunk, self.file)
@@ -227,6 +263,24 @@ def write_episode_meta(build: Path, rows: Sequence[dict[str, Any]], data_spans: 
                "meta/episodes/chunk_index": chunk, "meta/episodes/file_index": file}
         records.append(rec)
     table = pa.Table.from_pylist(records)
+    path = build / DEFAULT_EPISODES_PATH.format(chunk_index=chunk, file_index=file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, compression="snappy")
+    return next_file(chunk, file), [path]
+
+
+def write_episode_table(build: Path, table: Any, start: Sequence[int]) -> tuple[tuple[int, int], list[Path]]:
+    """Write finished episode-metadata rows (an arrow table: an edit's rows, copied and renumbered) as one
+    ``meta/episodes`` file at cursor ``start``; returns the next cursor and the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from lerobot.datasets.utils import DEFAULT_EPISODES_PATH
+
+    chunk, file = int(start[0]), int(start[1])
+    for name, value in (("meta/episodes/chunk_index", chunk), ("meta/episodes/file_index", file)):
+        column = pa.array([value] * table.num_rows, type=pa.int64())
+        table = table.set_column(table.column_names.index(name), name, column) if name in table.column_names \
+            else table.append_column(name, column)
     path = build / DEFAULT_EPISODES_PATH.format(chunk_index=chunk, file_index=file)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, compression="snappy")

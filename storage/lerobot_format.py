@@ -160,6 +160,32 @@ def schema_differences(a: Mapping[str, Any], b: Mapping[str, Any], a_name: str, 
     return out
 
 
+#: What must agree between two datasets' video features for their episodes to share one dataset.
+VIDEO_IDENTITY = ("video.height", "video.width", "video.codec", "video.pix_fmt", "video.channels", "is_depth_map",
+                  "video.depth_min", "video.depth_max", "video.shift", "video.use_log")
+
+
+def feature_differences(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]], a_name: str,
+                        b_name: str) -> list[str]:
+    """How two datasets' ``info.json`` features differ, by feature name: ``action: float32 (7,) in A, float32
+    (6,) in B``, ``observation.images.front: absent in A, video (96, 96, 3) in B``, a video's codec or size.
+    Empty when every feature has the same dtype, shape and video encoding."""
+    def shown(ft: Mapping[str, Any] | None) -> str:
+        return "absent" if ft is None else f"{ft.get('dtype')} {tuple(ft.get('shape') or ())}"
+
+    out: list[str] = []
+    for name in sorted(set(a) | set(b)):
+        fa, fb = a.get(name), b.get(name)
+        if fa is None or fb is None or shown(fa) != shown(fb):
+            out.append(f"{name}: {shown(fa)} in {a_name}, {shown(fb)} in {b_name}")
+            continue
+        ia, ib = dict(fa.get("info") or {}), dict(fb.get("info") or {})
+        for key in VIDEO_IDENTITY:
+            if ia.get(key) != ib.get(key):
+                out.append(f"{name} {key.removeprefix('video.')}: {ia.get(key)} in {a_name}, {ib.get(key)} in {b_name}")
+    return out
+
+
 @dataclass(frozen=True)
 class PublishedEpisode:
     episode_id: str  # the staging episode
@@ -168,6 +194,21 @@ class PublishedEpisode:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"episode_id": self.episode_id, "dataset_index": self.dataset_index}
+        if self.store_id is not None:
+            out["store_id"] = self.store_id
+        return out
+
+
+@dataclass(frozen=True)
+class RemovedEpisode:
+    """A staging episode a dataset held once and ``demoforge edit`` removed (deleted, filtered out, or left in
+    another split): an export never adds it again."""
+
+    episode_id: str
+    store_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"episode_id": self.episode_id}
         if self.store_id is not None:
             out["store_id"] = self.store_id
         return out
@@ -211,15 +252,25 @@ class ExportMarker:
     # Every published file but this marker: relative path -> (bytes, sha256). Empty for versions written
     # before checksums were recorded; ``demoforge verify DATASET`` checks against it.
     files: Mapping[str, FileChecksum] = field(default_factory=dict)
+    # Episodes an edit removed (an export never adds them again), and what the edit that made this version did
+    # (``demoforge edit`` reads it back so that a re-run after a crash never applies the same edit twice).
+    # Both are left out of the JSON when empty, so an export's marker is what it always was.
+    removed: tuple[RemovedEpisode, ...] = ()
+    edit: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": EXPORT_FORMAT, "writer": WRITER, "version": self.version, "repo_id": self.repo_id,
-                "schema": dict(self.schema), "total_episodes": self.total_episodes,
-                "total_frames": self.total_frames, "tasks": dict(self.tasks),
-                "next_files": {"data": list(self.next_data), "meta": list(self.next_meta),
-                               "videos": {c: list(v) for c, v in self.next_videos.items()}},
-                "episodes": [e.to_json() for e in self.episodes],
-                "files": {path: {"bytes": c.size, "sha256": c.sha256} for path, c in sorted(self.files.items())}}
+        out = {"format": EXPORT_FORMAT, "writer": WRITER, "version": self.version, "repo_id": self.repo_id,
+               "schema": dict(self.schema), "total_episodes": self.total_episodes,
+               "total_frames": self.total_frames, "tasks": dict(self.tasks),
+               "next_files": {"data": list(self.next_data), "meta": list(self.next_meta),
+                              "videos": {c: list(v) for c, v in self.next_videos.items()}},
+               "episodes": [e.to_json() for e in self.episodes],
+               "files": {path: {"bytes": c.size, "sha256": c.sha256} for path, c in sorted(self.files.items())}}
+        if self.removed:
+            out["removed"] = [e.to_json() for e in self.removed]
+        if self.edit is not None:
+            out["edit"] = dict(self.edit)
+        return out
 
     @classmethod
     def from_json(cls, data: object) -> ExportMarker:
@@ -243,7 +294,11 @@ class ExportMarker:
                                                        None if e.get("store_id") is None else str(e["store_id"]))
                                       for e in data["episodes"]),
                        files={str(path): FileChecksum(int(c["bytes"]), str(c["sha256"]))
-                              for path, c in data.get("files", {}).items()})
+                              for path, c in data.get("files", {}).items()},
+                       removed=tuple(RemovedEpisode(str(e["episode_id"]),
+                                                    None if e.get("store_id") is None else str(e["store_id"]))
+                                     for e in data.get("removed", ())),
+                       edit=None if data.get("edit") is None else dict(data["edit"]))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MarkerError(f"a field has the wrong shape ({type(exc).__name__}: {exc})") from None
 
@@ -254,6 +309,11 @@ class ExportMarker:
     def dataset_indices(self, store_id: str | None = None) -> dict[str, int]:
         """Staging episode -> dataset index: of every episode, or of those from the store ``store_id``."""
         return {e.episode_id: e.dataset_index for e in self.episodes if store_id is None or e.store_id == store_id}
+
+    def removed_ids(self, store_id: str | None, *, legacy: bool = False) -> set[str]:
+        """The staging episodes of store ``store_id`` an edit removed; ``legacy``: also those recorded without a
+        store (markers from before store ids, read for an export from a single store)."""
+        return {e.episode_id for e in self.removed if e.store_id == store_id or (legacy and e.store_id is None)}
 
 
 def _cursor(value: Any) -> FileCursor:

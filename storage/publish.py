@@ -137,11 +137,12 @@ def prune_versions(versions: Path, keep: int = KEEP_VERSIONS) -> None:
         shutil.rmtree(old)
 
 
-def start_version(target: Published, number: int) -> Path:
-    """Create ``vNNNNNN.partial`` holding hard links to every file of the published version."""
+def start_version(target: Published, number: int, *, link_current: bool = True) -> Path:
+    """Create ``vNNNNNN.partial`` holding hard links to every file of the published version (an export adds
+    to it; ``link_current=False``: empty, for an edit that decides file by file what it keeps)."""
     build = target.versions / f"{version_name(number)}.partial"
     build.mkdir(parents=True)
-    if target.current is not None:
+    if target.current is not None and link_current:
         for dirpath, _dirs, files in os.walk(target.current):
             rel = Path(dirpath).relative_to(target.current)
             (build / rel).mkdir(parents=True, exist_ok=True)

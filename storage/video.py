@@ -74,8 +74,14 @@ def decode_span(source: VideoSource, start_s: float, end_s: float, fps: int,
     """The frames shown in ``[start_s, end_s)`` of a file holding several episodes (an exported mp4), seeking
     to the keyframe before ``start_s`` first. Frame times are multiples of 1/fps: half a frame of slack.
     ``pix_fmt="gray12le"`` gives a depth video's 12-bit codes, (H, W) uint16."""
+    return [frame.to_ndarray(format=pix_fmt) for frame in decode_span_frames(source, start_s, end_s, fps)]
+
+
+def decode_span_frames(source: VideoSource, start_s: float, end_s: float, fps: int) -> list[av.VideoFrame]:
+    """:func:`decode_span`'s frames as decoded (their own pixel format): what an encoder is fed to re-encode
+    them without a colour conversion."""
     half = 0.5 / fps
-    out: list[np.ndarray] = []
+    out: list[av.VideoFrame] = []
     with open_video(source) as container:
         stream = container.streams.video[0]
         time_base = float(stream.time_base or 0) or 1.0 / fps
@@ -87,5 +93,5 @@ def decode_span(source: VideoSource, start_s: float, end_s: float, fps: int,
                 continue
             if t >= end_s - half:
                 break
-            out.append(frame.to_ndarray(format=pix_fmt))
+            out.append(frame)
     return out

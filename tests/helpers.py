@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import av
@@ -47,11 +48,18 @@ def kill_after_start(argv: list[str], store: Path, delay_s: float, env: dict[str
     """Run ``argv`` (a command writing ``store``), wait until it has created the store's catalog (start-up time
     varies with load), let it work ``delay_s`` more, then SIGKILL it. True when the kill landed (False: the
     command had already exited)."""
+    return kill_once_started(argv, lambda: (store / "catalog.sqlite").exists(), delay_s, env, start_timeout_s)
+
+
+def kill_once_started(argv: list[str], started: Callable[[], bool], delay_s: float,
+                      env: dict[str, str] | None = None, start_timeout_s: float = 120) -> bool:
+    """Run ``argv``, wait until ``started()`` (it has begun writing), let it work ``delay_s`` more, then SIGKILL
+    it. True when the kill landed (False: the command had already exited)."""
     proc = subprocess.Popen(argv, env=env if env is not None else cli_env(), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + start_timeout_s
-    while not (store / "catalog.sqlite").exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while not started() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
     time.sleep(delay_s)
     killed = proc.poll() is None
     if killed:

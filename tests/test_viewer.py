@@ -6,6 +6,7 @@ while the viewer is open."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import io
@@ -137,7 +138,7 @@ def check_dataset_page(driver, url: str, fetch: dict) -> None:
     records, fps = fetch["records"], fetch["fps"]
     wait(driver, lambda d: len(episode_rows(d)) == len(records), message="episode list")
     assert episode_rows(driver) == [[str(r["dataset_episode_index"]), str(r["episode_index"]), str(r["length"]),
-                                     "success", str(r["seed"]), str(r["attempt"]), str(len(r["segments"]))]
+                                     "success", str(r["seed"]), str(r["attempt"]), str(len(r["segments"])), ""]
                                     for r in records]
 
     # Episode 1 starts mid-file: LeRobot concatenates episodes, so the seek target includes its offset.
@@ -235,6 +236,51 @@ def test_static_folder_opens_from_disk(fetch, browser, tmp_path):
         refused = run_cli("view", str(fetch["dataset"]), "--html", str(inside))
         assert refused.returncode == 2 and "inside the dataset" in refused.stderr, refused.stderr
     assert not (fetch["dataset"] / "site").exists()
+
+
+def test_reject_button_marks_episodes_beside_the_dataset(fetch, browser, tmp_path):
+    """The page's reject button writes the dataset's rejected list (beside it; the dataset is untouched) and
+    the list shows it; `demoforge edit --delete-rejected` then deletes those episodes (tests/test_edit.py)."""
+    from selenium.webdriver.common.by import By
+
+    from demoforge.storage.rejected import read_rejections, rejected_list_path
+
+    dataset = tmp_path / "dataset"
+    shutil.copytree(f"{fetch['dataset']}.versions", tmp_path / "dataset.versions", symlinks=True)
+    os.symlink(os.readlink(fetch["dataset"]), dataset)
+    before = sorted((p.name, p.stat().st_size) for p in dataset.resolve().rglob("*"))
+    source = open_source(dataset)
+    server = ViewerServer(source, "127.0.0.1", 0).start()
+    try:
+        browser.get_log("browser")
+        browser.get(server.url + "#episode=1")
+        button = wait(browser, lambda d: (b := d.find_element(By.ID, "reject")).is_displayed() and b.is_enabled()
+                      and b, message="reject button")
+        assert button.text == "reject" and button.is_enabled()
+        button.click()
+        wait(browser, lambda d: d.find_element(By.ID, "reject").text == "un-reject", message="marked")
+        rows = browser.find_elements(By.CSS_SELECTOR, "#episodes tbody tr")
+        assert "rejected" in rows[1].get_attribute("class") and episode_rows(browser)[1][-1] == "rejected"
+        assert "1 rejected" in browser.find_element(By.ID, "rejected-line").text
+        (entry,) = read_rejections(rejected_list_path(dataset))
+        assert (entry.dataset_index, entry.episode_id) == (1, fetch["records"][1]["staging_episode_id"])
+        browser.find_element(By.ID, "reject").click()  # and back
+        wait(browser, lambda d: d.find_element(By.ID, "reject").text == "reject", message="unmarked")
+        assert read_rejections(rejected_list_path(dataset)) == []
+        assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    finally:
+        server.close()
+        source.close()
+    assert sorted((p.name, p.stat().st_size) for p in dataset.resolve().rglob("*")) == before
+    # A static folder shows the list but cannot change it: the button is disabled.
+    site = tmp_path / "site"
+    from demoforge.storage.viewer.static_site import write_site
+
+    with contextlib.closing(open_source(dataset)) as opened:
+        write_site(opened, site)
+    browser.get((site / "index.html").as_uri() + "#episode=0")
+    button = wait(browser, lambda d: (b := d.find_element(By.ID, "reject")).is_displayed() and b)
+    assert not button.is_enabled()
 
 
 @pytest.fixture(scope="module")
@@ -684,6 +730,9 @@ def test_hostile_requests_are_refused_and_nothing_outside_is_read(hostile_datase
         assert status == 403  # DNS rebinding: a loopback server answers loopback names only
         for method in ("POST", "PUT", "DELETE"):
             assert request(server.port, "/files/meta/info.json", method)[0] == 501  # read-only
+        # The one write, the rejected list beside the dataset, answers loopback names only, like every request.
+        assert request(server.port, "/api/rejected", "POST", {"Host": "evil.example:80", "Content-Length": "2",
+                                                              "Content-Type": "application/json"})[0] == 403
         recording.clear()
     finally:
         server.close()

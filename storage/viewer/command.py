@@ -8,7 +8,7 @@ from pathlib import Path
 
 from demoforge.storage.viewer.files import ViewerError
 from demoforge.storage.viewer.server import ViewerServer, is_loopback
-from demoforge.storage.viewer.source import open_source
+from demoforge.storage.viewer.source import ViewerSource, open_source
 from demoforge.storage.viewer.static_site import write_site
 
 
@@ -36,10 +36,11 @@ def run_view(path: Path, *, host: str, port: int, html: Path | None) -> int:
         try:
             if not is_loopback(host):
                 print(f"demoforge view: warning: serving on {host}, not loopback: anyone who can reach this machine "
-                      f"on port {server.port} can watch every episode of {path} (read-only, no authentication)",
+                      f"on port {server.port} can watch every episode of {path} and mark episodes rejected (no "
+                      "authentication)",
                       file=sys.stderr, flush=True)
             print(f"serving {what}, {count} {'attempt' if summary.kind == 'store' else 'episode'}(s), at "
-                  f"{server.url} (read-only; Ctrl-C stops)", flush=True)
+                  f"{server.url} ({_writes(source)}; Ctrl-C stops)", flush=True)
             server.serve_forever()
         except KeyboardInterrupt:
             print("stopped", flush=True)
@@ -48,6 +49,11 @@ def run_view(path: Path, *, host: str, port: int, html: Path | None) -> int:
         return 0
     finally:
         source.close()
+
+
+def _writes(source: ViewerSource) -> str:
+    marks = source.rejections
+    return "read-only" if marks is None else f"the dataset is read-only; rejected marks go to {marks.path}"
 
 
 def _progress(done: int, total: int) -> None:

@@ -3,6 +3,9 @@
     index.html                      the page (static/index.html of this package)
     static/<asset>                  its script and style sheet
     data/index.js                   what was opened and the episode list
+    data/rejected.js                the episodes marked rejected (a dataset's list file beside it), and whether
+                                    the page may change it (served: yes; a static folder: no)
+    api/rejected                    POST {"key", "rejected"}: mark or unmark one episode (served datasets only)
     data/episode-<key>.js           one episode: record, segments, curves, videos
     files/<path in the dataset>     a pinned file of the dataset version (videos)
     media/<episode key>/<camera>.mp4 a store's staged camera stream, remuxed; a depth camera's colour-mapped
@@ -31,6 +34,18 @@ def load_assets() -> dict[str, bytes]:
     """The hand-written page, from the installed package (a wheel ships ``static/`` as package data)."""
     folder = resources.files("demoforge.storage.viewer") / "static"
     return {name: (folder / name).read_bytes() for name in ASSETS}
+
+
+REJECTED_SCRIPT = "rejected.js"
+REJECTED_API = "/api/rejected"
+
+
+def rejected_payload(source: Any, *, writable: bool) -> dict[str, Any]:
+    """What the page shows of the rejected list: the keys, whether it may change them, the file's name."""
+    marks = source.rejections
+    if marks is None:
+        return {"keys": [], "writable": False, "file": None}
+    return {"keys": marks.keys(), "writable": writable, "file": marks.path.name}
 
 
 def data_script(name: str, payload: Any) -> bytes:

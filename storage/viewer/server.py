@@ -1,4 +1,5 @@
-"""Serve the viewer over HTTP: read-only, range requests, nothing outside the opened store or dataset.
+"""Serve the viewer over HTTP: range requests, nothing outside the opened store or dataset, which is never
+written (the one write a page may ask for, ``POST /api/rejected``, changes the list file beside a dataset).
 
 The standard library's ``ThreadingHTTPServer``: the viewer serves one person on their own machine, so a
 thread per connection is plenty, and the two things a video page needs beyond it (range requests and safe
@@ -8,6 +9,7 @@ paths) are short enough to own here rather than add a web framework to the insta
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import socket
@@ -18,10 +20,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from demoforge.storage.viewer.files import PathRefused, url_path_parts
-from demoforge.storage.viewer.pages import content_type, data_script, episode_key_of, load_assets
-from demoforge.storage.viewer.source import ViewerSource, page_index
+from demoforge.storage.viewer.pages import (
+    REJECTED_API,
+    REJECTED_SCRIPT,
+    content_type,
+    data_script,
+    episode_key_of,
+    load_assets,
+    rejected_payload,
+)
+from demoforge.storage.viewer.source import EPISODE_KEY, ViewerSource, page_index
 
 COPY_CHUNK = 1 << 20
+MAX_POST_BYTES = 4096
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 SECURITY_HEADERS = {
@@ -94,6 +105,8 @@ class ViewerApp:
             return self._bytes(self.assets[rest[0]], rest[0])
         if head == "data" and rest == ("index.js",):
             return self._bytes(self.index, "index.js")
+        if head == "data" and rest == (REJECTED_SCRIPT,):
+            return self._bytes(data_script("rejected", rejected_payload(self.source, writable=True)), REJECTED_SCRIPT)
         if head == "data" and len(rest) == 1 and (key := episode_key_of(rest[0])) is not None:
             try:
                 view = self.source.episode(key)
@@ -112,6 +125,26 @@ class ViewerApp:
             if data is not None:
                 return self._bytes(data, rest[-1])
         return HTTPStatus.NOT_FOUND, None, ""
+
+    def post(self, raw_path: str, content_type: str, body: bytes) -> tuple[int, bytes]:
+        """``POST /api/rejected`` with ``{"key": "3", "rejected": true}``: mark (or unmark) an episode rejected in
+        the dataset's list file; answers the list as JSON. The only request that writes, and never the dataset."""
+        if raw_path.split("?", 1)[0] != REJECTED_API:
+            return HTTPStatus.NOT_FOUND, b""
+        marks = self.source.rejections
+        if marks is None:
+            return HTTPStatus.METHOD_NOT_ALLOWED, b""
+        if content_type.split(";", 1)[0].strip().lower() != "application/json":
+            return HTTPStatus.UNSUPPORTED_MEDIA_TYPE, b""  # a cross-site form cannot send JSON without a preflight
+        try:
+            request = json.loads(body)
+            key, rejected = str(request["key"]), request["rejected"]
+            if not isinstance(rejected, bool) or not EPISODE_KEY.fullmatch(key):
+                raise ValueError("rejected must be true or false, key an episode key")
+            keys = marks.set(key, rejected)
+        except (ValueError, KeyError, TypeError):
+            return HTTPStatus.BAD_REQUEST, b""
+        return HTTPStatus.OK, json.dumps({"keys": keys}).encode()
 
     @staticmethod
     def _bytes(data: bytes, name: str) -> tuple[int, _Body, str]:
@@ -135,6 +168,34 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_HEAD(self) -> None:
         self._respond(send_body=False)
+
+    def do_POST(self) -> None:
+        if self.path.split("?", 1)[0] != REJECTED_API:
+            return self._status(HTTPStatus.NOT_IMPLEMENTED)  # the one thing a page may write; nothing else
+        host = self.headers.get("Host", "")
+        if self.allowed_hosts is not None and _host_name(host) not in self.allowed_hosts:
+            return self._status(HTTPStatus.FORBIDDEN)
+        origin = self.headers.get("Origin")
+        if origin is not None and origin.rstrip("/") not in (f"http://{host}", f"https://{host}"):
+            return self._status(HTTPStatus.FORBIDDEN)  # another site's page posting to this server
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 < length <= MAX_POST_BYTES:
+            return self._status(HTTPStatus.BAD_REQUEST if length <= 0 else HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+        body = self.rfile.read(length)
+        try:
+            status, payload = self.app.post(self.path, self.headers.get("Content-Type", ""), body)
+        except Exception as exc:  # an unwritable list file: this request fails, the server lives
+            print(f"demoforge view: POST {self.path[:200]!r} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return self._status(HTTPStatus.INTERNAL_SERVER_ERROR)
+        if status != HTTPStatus.OK:
+            return self._status(status)
+        self.send_response(status)
+        self._headers({"Content-Type": "application/json", "Content-Length": str(len(payload)),
+                       "Cache-Control": "no-store"})
+        self.wfile.write(payload)
 
     def _respond(self, send_body: bool) -> None:
         if self.allowed_hosts is not None and _host_name(self.headers.get("Host", "")) not in self.allowed_hosts:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from demoforge.storage.viewer.files import PinnedTree, ViewerError
+from demoforge.storage.viewer.marks import RejectionMarks
 
 if TYPE_CHECKING:
     from demoforge.storage.schema import DepthVideoIdentity
@@ -107,6 +108,7 @@ class SourceSummary:
 
 class ViewerSource(Protocol):
     summary: SourceSummary
+    rejections: RejectionMarks | None  # a dataset's rejected list (None: a store, nothing to reject)
 
     @property
     def files(self) -> PinnedTree | None:
@@ -209,6 +211,8 @@ def _depth_preview(codes: Callable[[], list[np.ndarray]], identity: DepthVideoId
 class DatasetSource:
     """A LeRobot v3.0 dataset; segments come from demoforge's sidecar when there is one."""
 
+    rejections: RejectionMarks | None  # the rejected list beside the dataset
+
     def __init__(self, path: Path) -> None:
         version_dir = Path(os.path.realpath(path))  # OUT -> OUT.versions/vNNNNNN, resolved once
         try:
@@ -267,6 +271,9 @@ class DatasetSource:
                                      tuple(k.removeprefix(CAMERA_PREFIX) for k in self.video_keys), task, notes)
         self._entries = [self._entry(i) for i in sorted(self._episodes)]
         self._by_key = {e.key: e for e in self._entries}
+        self.rejections = RejectionMarks(path, version, {
+            str(i): (self._records.get(i, {}).get("store_id"), self._records.get(i, {}).get("staging_episode_id"))
+            for i in self._episodes})
 
     def files_under(self, prefix: tuple[str, ...]) -> list[tuple[str, ...]]:
         return [p for p in self.files.paths() if p[:len(prefix)] == prefix]
@@ -381,6 +388,7 @@ class StoreSource:
     """A job store: every attempt in the catalog (committed, exported, discarded, quarantined, in progress)."""
 
     files: PinnedTree | None = None  # a store serves no files, only remuxed streams and depth previews
+    rejections: RejectionMarks | None = None  # episodes are rejected in datasets (``demoforge edit`` applies it)
     CACHE = 16  # remuxed camera streams and depth previews kept in memory
 
     def __init__(self, path: Path) -> None:

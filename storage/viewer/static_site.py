@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from demoforge.storage.viewer.files import ViewerError
-from demoforge.storage.viewer.pages import data_script, episode_script_name, load_assets
+from demoforge.storage.viewer.pages import REJECTED_SCRIPT, data_script, episode_script_name, load_assets, \
+    rejected_payload
 from demoforge.storage.viewer.source import ViewerSource, each_episode, page_index
 
 SITE_MARKER = ".demoforge-view.json"
@@ -80,6 +81,7 @@ def _build(source: ViewerSource, build: Path, progress: Callable[[int, int], Non
         if name != "index.html":
             put(f"static/{name}", data)
     put("data/index.js", data_script("index", page_index(source)))
+    put(f"data/{REJECTED_SCRIPT}", data_script("rejected", rejected_payload(source, writable=False)))
     for key, view in each_episode(source, progress):
         put(f"data/{episode_script_name(key)}", data_script(f"episode-{key}", view.to_json()))
         for video in view.videos:

@@ -13,6 +13,7 @@
   const state = {
     source: null, episodes: [], key: null, view: null, fps: 25, length: 0, frame: 0,
     segments: [], videos: [], playing: false, clockOrigin: 0, drawnFrame: -1, colors: new Map(),
+    rejected: new Set(), rejectWritable: false, rejectFile: null,
   };
   const waiting = new Map();
 
@@ -103,11 +104,50 @@
         el("td", { textContent: fmt(e.seed) }),
         el("td", { textContent: fmt(e.attempt) }),
         el("td", { textContent: String(e.segments.length), title: e.segments.join(", ") }),
+        el("td", { textContent: state.rejected.has(e.key) ? "rejected" : "", className: "review" }),
       ]);
+      tr.classList.toggle("rejected", state.rejected.has(e.key));
       tr.classList.toggle("selected", e.key === state.key);
       tr.classList.toggle("unplayable", !e.playable);
       return tr;
     }));
+  }
+
+  // ------------------------------------------------------------------------------------ rejecting
+  // A dataset's rejected list lives in a file beside it (never inside); the server changes it on POST. A static
+  // folder shows the list as it was written and cannot change it.
+  function applyRejected(payload) {
+    state.rejected = new Set(payload.keys);
+    state.rejectWritable = payload.writable;
+    state.rejectFile = payload.file;
+    const line = $("rejected-line");
+    line.hidden = state.source.kind !== "dataset";
+    line.textContent = `${state.rejected.size} rejected` + (payload.file ? ` (listed in ${payload.file}; ` +
+      "`demoforge edit DATASET --delete-rejected` deletes them)" : "");
+    renderList();
+    renderRejectButton();
+  }
+
+  function renderRejectButton() {
+    const button = $("reject");
+    button.hidden = !state.view || state.source.kind !== "dataset";
+    const marked = state.rejected.has(state.key);
+    button.textContent = marked ? "un-reject" : "reject";
+    button.classList.toggle("active", marked);
+    button.disabled = !state.rejectWritable;
+    if (!state.rejectWritable) button.title = "marking needs `demoforge view DATASET` (a static folder is read-only)";
+  }
+
+  async function toggleRejected() {
+    if (!state.rejectWritable || state.key === null) return;
+    const response = await fetch("api/rejected", { method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ key: state.key, rejected: !state.rejected.has(state.key) }) });
+    if (!response.ok) {
+      $("notice").hidden = false;
+      $("notice").append(el("div", { textContent: `could not change the rejected list (${response.status})` }));
+      return;
+    }
+    applyRejected({ ...(await response.json()), writable: true, file: state.rejectFile });
   }
 
   // --------------------------------------------------------------------------------------- episode
@@ -140,6 +180,7 @@
     renderTimeline();
     renderCurves(view);
     renderSegmentTable();
+    renderRejectButton();
     seekFrame(0);
   }
 
@@ -406,6 +447,7 @@
     else return;
     ev.preventDefault();
   });
+  $("reject").addEventListener("click", (ev) => { ev.currentTarget.blur(); toggleRejected(); });
   $("play").addEventListener("click", (ev) => {
     ev.currentTarget.blur(); // a focused button would also take the space key: keep one toggle per press
     state.playing ? pause() : play();
@@ -424,5 +466,6 @@
     state.episodes = index.episodes;
     renderIndex();
     route();
+    return load("rejected").then(applyRejected);
   }).catch((err) => { $("source-line").textContent = String(err); });
 })();

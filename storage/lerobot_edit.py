@@ -1,0 +1,760 @@
+"""``demoforge edit`` and ``demoforge merge``: curate published LeRobot v3.0 datasets without re-encoding a frame.
+
+An edit chooses episodes (``storage/edit_selection.py``) and writes them as a dataset version through the
+export's publishing protocol (``storage/publish.py``): built in ``vNNNNNN.partial`` beside the published
+version, fsynced, renamed, and the link swapped with one ``rename(2)``. Readers see the old version or the
+new one; a kill at any moment leaves the old one published (the next run clears what it left). In place
+(``edit DATASET``) it is the dataset's next version; ``--out``, ``--split`` and ``merge`` write new sibling
+datasets, each published the same way.
+
+What a version holds, file by file:
+
+- **video**: per camera, the kept episodes of each source mp4 go to one new mp4, their packets copied
+  (``storage/video_cut.py``: re-encoding only the frames before the first keyframe of an episode that does not
+  start on one, and reporting them). A source file whose episodes are all kept, in order, is hard-linked.
+- **data**: the kept episodes' rows, copied with ``episode_index``, ``index`` and ``task_index`` renumbered.
+- **meta/episodes**: the kept rows, renumbered, their per-episode statistics kept (those of the renumbered
+  columns follow the new values, see ``_renumbered_stats``); ``stats.json`` is LeRobot's ``aggregate_stats``
+  of them (nothing decoded). ``tasks.parquet``: the kept episodes' tasks, renumbered densely.
+- **demoforge files**: the sidecar rows of the kept episodes (``dataset_episode_index`` renumbered; the
+  sub-task language rows in the data are per episode and copied as they are), and the marker: the kept
+  episodes, the removed ones (an export never adds them again), what the edit did, every file's checksum.
+
+A re-run after a crash finishes the edit, or reports that the published version is already its result
+(the marker records the edit), so an edit is never applied twice by accident.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from demoforge.storage.edit_selection import Selection, SplitPart, allocate_split, select
+from demoforge.storage.edit_source import DatasetToEdit, EditError, open_dataset
+from demoforge.storage.episode_filter import EpisodeFilter
+from demoforge.storage.lerobot_format import (
+    CHUNKS_SIZE,
+    INFO,
+    MARKER,
+    SIDECAR,
+    ExportMarker,
+    FileChecksum,
+    PublishedEpisode,
+    RemovedEpisode,
+    feature_differences,
+    file_checksum,
+    schema_differences,
+)
+from demoforge.storage.lerobot_files import (
+    DataFileWriter,
+    next_file,
+    write_episode_table,
+    write_stats_file,
+    write_tasks,
+)
+from demoforge.storage.paths import short_path
+from demoforge.storage.publish import (
+    KEEP_VERSIONS,
+    Published,
+    append_jsonl,
+    check_writable,
+    lock_exports,
+    prune_versions,
+    publish_version,
+    remove_unfinished,
+    resolve_target,
+    start_version,
+    versions_dir,
+    write_json,
+)
+from demoforge.storage.rejected import RejectedListError, Rejection, drop_rejections, read_rejections, \
+    rejected_list_path
+from demoforge.storage.video_cut import CopyResult, Span, SpanCut, VideoFile, copy_spans
+from demoforge.storage.write_errors import free_bytes, human_bytes, writing
+
+__all__ = ["EditError", "EditReport", "WrittenDataset", "edit_dataset", "merge_datasets"]
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+RENUMBERED = ("episode_index", "index", "task_index")  # columns an edit rewrites (their stats are recomputed)
+
+WRITTEN, DRY_RUN, UNCHANGED, ALREADY = "written", "dry run", "unchanged", "already done"
+
+
+@dataclass(frozen=True)
+class WrittenDataset:
+    """One dataset an edit wrote (or would write, or found already written)."""
+
+    dataset: Path
+    status: str  # WRITTEN, DRY_RUN, UNCHANGED, ALREADY
+    version: str | None
+    episodes: int
+    frames: int
+    tasks: int
+    video_files_copied: int = 0
+    video_files_linked: int = 0
+    reencoded_frames: int = 0
+    reencoded_episodes: int = 0
+    name: str | None = None  # a split part's name
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class EditReport:
+    sources: tuple[str, ...]
+    source_episodes: int
+    removed: Mapping[str, int]  # reason -> episodes
+    outputs: tuple[WrittenDataset, ...]
+    elapsed_s: float
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sources": list(self.sources), "source_episodes": self.source_episodes, "removed": dict(self.removed),
+                "outputs": [o.to_json() for o in self.outputs], "elapsed_s": round(self.elapsed_s, 3),
+                "notes": list(self.notes)}
+
+
+# ------------------------------------------------------------------------------------------- planning
+Chosen = tuple[DatasetToEdit, int]  # a source and one of its episode indices
+
+
+@dataclass
+class _Run:
+    """Output episodes of one camera whose frames come from one source mp4: linked whole, or copied."""
+
+    key: str
+    source: DatasetToEdit
+    path: Path
+    positions: list[int]  # indices into the output episode list
+    spans: list[Span]
+    link: bool = False
+    cuts: list[SpanCut] = field(default_factory=list)  # what a copy re-encodes (known once analysed or written)
+
+
+@dataclass
+class _Plan:
+    chosen: list[Chosen]
+    tasks: dict[str, int]
+    runs: dict[str, list[_Run]]
+    frames: int
+
+    @property
+    def reencoded(self) -> tuple[int, int]:
+        cuts = [c for runs in self.runs.values() for r in runs for c in r.cuts]
+        return sum(c.reencoded for c in cuts), sum(1 for c in cuts if c.reencoded)
+
+    def file_counts(self) -> tuple[int, int]:
+        runs = [r for runs in self.runs.values() for r in runs]
+        return sum(1 for r in runs if not r.link), sum(1 for r in runs if r.link)
+
+
+def _plan(chosen: list[Chosen], *, analyse: bool = False) -> _Plan:
+    """Tasks, and for each camera the source files the output's episodes come from (linked when a file's
+    episodes are all kept in their order; otherwise cut). ``analyse``: also say what each cut re-encodes
+    (a dry run; a write learns it while it copies, reading each file once)."""
+    tasks: dict[str, int] = {}
+    used: dict[int, set[str]] = {}
+    for source, index in chosen:
+        used.setdefault(id(source), set()).update(source.episodes[index].tasks)
+    for source in dict.fromkeys(s for s, _ in chosen):
+        for name in source.tasks:
+            if name in used[id(source)]:
+                tasks.setdefault(name, len(tasks))
+    runs: dict[str, list[_Run]] = {}
+    holders: dict[tuple[int, Path], list[int]] = {}  # every episode of each source file, in time order
+    for source in dict.fromkeys(s for s, _ in chosen):
+        for key in source.video_keys:
+            placed = [(source.video_file(key, e.index), e.index) for e in source.episodes]
+            for (path, start, _end), index in sorted(placed, key=lambda p: (str(p[0][0]), p[0][1])):
+                holders.setdefault((id(source), path), []).append(index)
+    keys = chosen[0][0].video_keys if chosen else []
+    for key in keys:
+        runs[key] = []
+        for position, (source, index) in enumerate(chosen):
+            path, start, end = source.video_file(key, index)
+            span = Span(f"episode {index}", start, end, source.episodes[index].length)
+            last = runs[key][-1] if runs[key] else None
+            if last is not None and last.source is source and last.path == path:
+                last.positions.append(position)
+                last.spans.append(span)
+            else:
+                runs[key].append(_Run(key, source, path, [position], [span]))
+        for run in runs[key]:
+            members = [chosen[p][1] for p in run.positions]
+            run.link = members == holders[(id(run.source), run.path)]
+            if not run.link and analyse:
+                video = VideoFile(run.path, run.source.fps)
+                run.cuts = [video.cut(span) for span in run.spans]
+    frames = sum(source.episodes[index].length for source, index in chosen)
+    return _Plan(chosen, tasks, runs, frames)
+
+
+def _estimate_bytes(plan: _Plan, out: Path) -> int:
+    """A generous bound on what the new version adds to ``out``'s filesystem."""
+    total = 4 << 20
+    for runs in plan.runs.values():
+        for run in runs:
+            same_device = _device(run.path) == _device(out.parent)
+            if not run.link or not same_device:
+                total += run.path.stat().st_size
+    files = {source.data_file(index) for source, index in plan.chosen}
+    return total + sum(p.stat().st_size for p in files) + 8192 * len(plan.chosen)
+
+
+def _device(path: Path) -> int | None:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return path.stat().st_dev
+    except OSError:
+        return None
+
+
+# -------------------------------------------------------------------------------------------- writing
+@dataclass(frozen=True)
+class _Identity:
+    """What a written dataset records about itself besides its episodes."""
+
+    repo_id: str
+    schema: Mapping[str, Any]
+    edit: Mapping[str, Any]
+    removed: tuple[RemovedEpisode, ...]
+
+
+class _VersionWriter:
+    """Builds one dataset version from a plan, then publishes it."""
+
+    def __init__(self, target: Published, number: int, plan: _Plan, identity: _Identity,
+                 pause: Callable[[str], None], progress: Progress | None) -> None:
+        self.target, self.number, self.plan, self.identity = target, number, plan, identity
+        self.pause = pause
+        self.progress = progress or (lambda _what, _done, _total: None)
+        self.written: list[Path] = []
+        self.linked: dict[Path, FileChecksum | None] = {}  # files hard-linked from a source: recorded checksum
+
+    def write(self) -> tuple[str, ExportMarker]:
+        import lerobot.datasets.compute_stats  # noqa: F401  (seconds of imports: before the version is begun)
+
+        build = start_version(self.target, self.number, link_current=False)
+        try:
+            with writing(f"the new dataset version {build.name.removesuffix('.partial')}", build):
+                marker = self._write(build)
+                return publish_version(self.target, build, self.written, self.pause), marker
+        except BaseException:
+            for leftover in (build, build.with_name(build.name.removesuffix(".partial"))):
+                if leftover.exists() and leftover != self.target.current:
+                    shutil.rmtree(leftover, ignore_errors=True)  # give the space back now
+            raise
+
+    def _write(self, build: Path) -> ExportMarker:
+        plan = self.plan
+        chosen = plan.chosen
+        video_meta: list[dict[str, Any]] = [{} for _ in chosen]
+        cursors: dict[str, tuple[int, int]] = {}
+        for key, runs in plan.runs.items():
+            cursor = (0, 0)
+            for i, run in enumerate(runs):
+                self._video_run(build, run, cursor, video_meta)
+                cursor = next_file(*cursor)
+                self.progress(f"video {key}", i + 1, len(runs))
+            cursors[key] = cursor
+        self.pause("after_videos")
+        data_spans, data_next = self._data(build)
+        self.pause("after_data")
+        meta_next = self._episode_meta(build, video_meta, data_spans)
+        # small metadata, rewritten whole: tasks, stats, info, sidecar, marker (last).
+        self.written += write_tasks(build, plan.tasks)
+        self.written.append(write_stats_file(build, self._stats, False))
+        self.written.append(self._info(build))
+        if all(s.has_sidecar for s, _ in chosen):
+            rows = [{**(s.episodes[i].record or {}), "dataset_episode_index": new} for new, (s, i) in enumerate(chosen)]
+            self.written.append(append_jsonl(build / SIDECAR, rows))
+        ident = self.identity
+        marker = ExportMarker(
+            version=self.number, repo_id=ident.repo_id, schema=ident.schema, total_episodes=len(chosen),
+            total_frames=plan.frames, tasks=plan.tasks, next_data=data_next, next_meta=meta_next,
+            next_videos={key.removeprefix("observation.images."): c for key, c in cursors.items()},
+            episodes=tuple(PublishedEpisode(episode_id, new, s.episodes[i].store_id) for new, (s, i)
+                           in enumerate(chosen) if (episode_id := s.episodes[i].episode_id) is not None),
+            files=self._checksums(build), removed=ident.removed,
+            edit={**ident.edit, "reencoded_frames": plan.reencoded[0]})
+        self.written.append(write_json(build / MARKER, marker.to_json()))
+        return marker
+
+    # -- video
+    def _video_run(self, build: Path, run: _Run, cursor: tuple[int, int], video_meta: list[dict[str, Any]]) -> None:
+        from lerobot.datasets.utils import DEFAULT_VIDEO_PATH
+
+        out = build / DEFAULT_VIDEO_PATH.format(video_key=run.key, chunk_index=cursor[0], file_index=cursor[1])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if run.link:
+            spans = [(s.from_s, s.to_s) for s in run.spans]
+            try:
+                os.link(run.path, out)
+            except OSError:  # another filesystem (a merge of datasets on two disks): a plain copy
+                shutil.copyfile(run.path, out)
+                self.written.append(out)
+            else:
+                self.linked[out] = run.source.recorded_checksum(run.path.relative_to(run.source.root).as_posix())
+        else:
+            video = run.source.video(run.path)
+            result: CopyResult = copy_spans(video, run.spans, out, run.source.features[run.key].get("info"))
+            video.held = None  # copied (and shifted): a later part reads the file again
+            spans = list(result.spans)
+            run.cuts = list(result.cuts)
+            self.written.append(out)
+        for position, (start, end) in zip(run.positions, spans):
+            video_meta[position].update({f"videos/{run.key}/chunk_index": cursor[0],
+                                         f"videos/{run.key}/file_index": cursor[1],
+                                         f"videos/{run.key}/from_timestamp": start,
+                                         f"videos/{run.key}/to_timestamp": end})
+
+    # -- data
+    def _data(self, build: Path) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+        """The kept episodes' rows, renumbered: each source data file is read once, its kept rows taken and
+        their three columns rewritten at once, then handed to the writer episode by episode."""
+        import pyarrow as pa
+
+        chosen = self.plan.chosen
+        writer = DataFileWriter(build, chosen[0][0].features, (0, 0))
+        spans: list[tuple[int, int]] = []
+        self._stats: list[dict[str, dict[str, np.ndarray]]] = []
+        self._renumbered: list[dict[str, dict[str, np.ndarray]]] = []
+        frame = 0
+        numbered = [(new, source, index) for new, (source, index) in enumerate(chosen)]
+        try:  # one source file at a time (only its table is held)
+            for (source, _path), group in itertools.groupby(numbered, key=lambda g: (g[1], g[1].data_file(g[2]))):
+                members = list(group)
+                starts = [source.data_rows(index) for _new, _source, index in members]
+                table = starts[0][0]
+                lengths = [source.episodes[index].length for _new, _source, index in members]
+                taken = table.take(np.concatenate([np.arange(start, start + n) for (_t, start), n
+                                                   in zip(starts, lengths)]))
+                mapping = np.asarray([self.plan.tasks.get(name, -1) for name in source.tasks], dtype=np.int64)
+                total = sum(lengths)
+                columns = {"episode_index": np.repeat(np.asarray([m[0] for m in members], dtype=np.int64), lengths),
+                           "index": np.arange(frame, frame + total, dtype=np.int64),
+                           "task_index": mapping[np.asarray(taken["task_index"].to_numpy())]}
+                if (columns["task_index"] < 0).any():
+                    raise EditError(f"{source.describe()}: an episode has frames of a task its metadata does not "
+                                    "list")
+                for name, values in columns.items():
+                    field_ = taken.schema.field(name)
+                    taken = taken.set_column(taken.column_names.index(name), field_, pa.array(values, type=field_.type))
+                offset = 0
+                for (new, _source, index), n in zip(members, lengths):
+                    spans.append(writer.add_table(taken.slice(offset, n)))
+                    stats = source.episode_stats(index)
+                    mine = {name: values[offset:offset + n] for name, values in columns.items()}
+                    self._renumbered.append(_renumbered_stats(stats, mine, source.features))
+                    self._stats.append({**stats, **self._renumbered[-1]})
+                    offset += n
+                frame += total
+                self.progress("data", members[-1][0] + 1, len(chosen))
+        finally:
+            data_next = writer.close()
+        self.written += writer.files
+        return spans, data_next
+
+    # -- episode metadata, info, checksums
+    def _episode_meta(self, build: Path, video_meta: list[dict[str, Any]],
+                      data_spans: list[tuple[int, int]]) -> tuple[int, int]:
+        import pyarrow as pa
+
+        chosen = self.plan.chosen
+        tables = []  # the kept rows, one take per run of episodes from the same source
+        for source, run in itertools.groupby(chosen, key=lambda c: c[0]):
+            tables.append(source.episodes_table.take([index for _source, index in run]))
+        table = pa.concat_tables(tables, promote_options="default") if len(tables) > 1 else tables[0]
+        frame = 0
+        columns: dict[str, list[Any]] = {name: [] for name in ("episode_index", "data/chunk_index", "data/file_index",
+                                                                "dataset_from_index", "dataset_to_index")}
+        for new, ((source, index), (chunk, file)) in enumerate(zip(chosen, data_spans)):
+            length = source.episodes[index].length
+            for name, value in (("episode_index", new), ("data/chunk_index", chunk), ("data/file_index", file),
+                                ("dataset_from_index", frame), ("dataset_to_index", frame + length)):
+                columns[name].append(value)
+            frame += length
+        for name in video_meta[0] if video_meta else ():
+            columns[name] = [m[name] for m in video_meta]
+        for feature in RENUMBERED:
+            for stat in (self._renumbered[0].get(feature) or {}):
+                columns[f"stats/{feature}/{stat}"] = [np.asarray(r[feature][stat]).tolist() for r in self._renumbered]
+        for name, values in columns.items():
+            if name not in table.column_names:
+                raise EditError(f"{chosen[0][0].describe()}: meta/episodes has no column {name!r}")
+            field_ = table.schema.field(name)
+            table = table.set_column(table.column_names.index(name), field_, pa.array(values).cast(field_.type))
+        meta_next, files = write_episode_table(build, table, (0, 0))
+        self.written += files
+        return meta_next
+
+    def _info(self, build: Path) -> Path:
+        from lerobot.datasets.utils import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
+
+        info = dict(self.plan.chosen[0][0].info)
+        count = len(self.plan.chosen)
+        info.update(total_episodes=count, total_frames=self.plan.frames, total_tasks=len(self.plan.tasks),
+                    chunks_size=CHUNKS_SIZE, data_path=DEFAULT_DATA_PATH, splits={"train": f"0:{count}"})
+        if self.plan.runs:
+            info["video_path"] = DEFAULT_VIDEO_PATH
+        return write_json(build / INFO, info)
+
+    def _checksums(self, build: Path) -> dict[str, FileChecksum]:
+        out: dict[str, FileChecksum] = {}
+        for dirpath, _dirs, names in os.walk(build):
+            for name in names:
+                path = Path(dirpath) / name
+                rel = path.relative_to(build).as_posix()
+                if rel == MARKER:
+                    continue
+                known = self.linked.get(path)
+                out[rel] = known if known is not None else file_checksum(path)
+        return out
+
+
+def _renumbered_stats(stats: Mapping[str, Mapping[str, np.ndarray]], columns: Mapping[str, np.ndarray],
+                      features: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, np.ndarray]]:
+    """The per-episode statistics of the renumbered columns, for the new values: a constant column
+    (``episode_index``, the ``task_index`` of a one-task episode) has the value as every statistic and std 0;
+    ``index`` moved by an offset moves its statistics by it; anything else is recomputed with LeRobot's
+    ``compute_episode_stats``. Only the columns the episode has statistics of."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    recompute: dict[str, np.ndarray] = {}
+    for name, values in columns.items():
+        old = stats.get(name)
+        if old is None:
+            continue
+        if len(values) and values.min() == values.max():
+            out[name] = {k: np.asarray(v) if k == "count" else
+                         np.zeros_like(np.asarray(v)) if k == "std" else
+                         np.full_like(np.asarray(v), values[0]) for k, v in old.items()}
+        elif name == "index" and "min" in old:
+            offset = int(values[0]) - int(np.asarray(old["min"]).reshape(-1)[0])
+            out[name] = {k: np.asarray(v) if k in ("count", "std") else np.asarray(v) + offset
+                         for k, v in old.items()}
+        else:
+            recompute[name] = values
+    if recompute:
+        from lerobot.datasets.compute_stats import compute_episode_stats
+
+        out.update(compute_episode_stats(recompute, {k: {**features[k], "shape": tuple(features[k]["shape"])}
+                                                     for k in recompute}))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- publishing
+def _foreign_schema(source: DatasetToEdit) -> dict[str, Any]:
+    """The marker's schema of a dataset made from one demoforge did not write: its features, so an export of a
+    store into it is refused with the differences named."""
+    return {"lerobot_features": {k: [f.get("dtype"), list(f.get("shape") or ())] for k, f in source.features.items()},
+            "fps": source.fps}
+
+
+def _identity(sources: Sequence[DatasetToEdit], chosen: Sequence[Chosen], repo_id: str | None, operation: str,
+              suffix: str = "", request: str | None = None) -> _Identity:
+    first = sources[0]
+    base = first.marker.repo_id if first.marker is not None else f"local/{first.path.name}"
+    kept = {(s.episodes[i].store_id, s.episodes[i].episode_id) for s, i in chosen}
+    removed: dict[tuple[str | None, str], RemovedEpisode] = {}
+    for source in sources:
+        for r in source.marker.removed if source.marker else ():
+            removed[(r.store_id, r.episode_id)] = r
+        for e in source.episodes:
+            if e.episode_id is not None and (e.store_id, e.episode_id) not in kept:
+                removed[(e.store_id, e.episode_id)] = RemovedEpisode(e.episode_id, e.store_id)
+    for key in kept:
+        removed.pop(key, None)  # type: ignore[arg-type]
+    schema = dict(first.marker.schema) if first.marker is not None else _foreign_schema(first)
+    edit: dict[str, Any] = {"operation": operation,
+                            "from": [{"version": s.version, "digest": s.digest()} for s in sources]}
+    if request is not None:
+        edit["request"] = request
+    return _Identity(repo_id or base + suffix, schema, edit, tuple(removed.values()))
+
+
+def _already(target: Published, identity: _Identity) -> bool:
+    """Whether ``target``'s published version is the result of this very edit (a re-run after it finished)."""
+    edit = (target.marker.edit if target.marker is not None else None) or {}
+    return edit.get("operation") == identity.edit["operation"] and edit.get("from") == identity.edit["from"]
+
+
+def _check_new_output(out: Path, identity: _Identity, sources: Sequence[DatasetToEdit]) -> Published:
+    """A new sibling dataset's target: free, or already this edit's result; never inside a source."""
+    for source in sources:
+        for inside in (source.root, versions_dir(source.path), source.path):
+            with contextlib.suppress(OSError):
+                if out.resolve() == inside.resolve() or out.resolve().is_relative_to(inside.resolve()):
+                    raise EditError(f"{short_path(out)} is inside {source.describe()}; write the new dataset "
+                                    "elsewhere; nothing was written")
+    target = resolve_target(out)  # refuses a foreign dataset or a non-empty folder there
+    if target.marker is not None and not _already(target, identity):
+        raise EditError(f"{short_path(out)} already holds a dataset (version {target.current and target.current.name}) "
+                        "that is not the result of this edit; choose a new folder (nothing was written)")
+    return target
+
+
+def _write(target: Published, plan: _Plan, identity: _Identity, number: int, pause: Callable[[str], None],
+           progress: Progress | None, name: str | None = None) -> WrittenDataset:
+    needed, free = _estimate_bytes(plan, target.root), free_bytes(target.root.parent)
+    if free is not None and free < needed:
+        raise EditError(f"not enough free space to write {target.root}: it needs about {human_bytes(needed)}, and "
+                        f"{human_bytes(free)} is free there; nothing was written")
+    version, _marker = _VersionWriter(target, number, plan, identity, pause, progress).write()
+    prune_versions(target.versions, keep=KEEP_VERSIONS)
+    return _outcome(target.root, WRITTEN, version, plan, name)
+
+
+def _outcome(path: Path, status: str, version: str | None, plan: _Plan, name: str | None = None) -> WrittenDataset:
+    copied, linked = plan.file_counts()
+    frames, episodes = plan.reencoded
+    return WrittenDataset(path, status, version, len(plan.chosen), plan.frames, len(plan.tasks), copied, linked,
+                          frames, episodes, name)
+
+
+@contextlib.contextmanager
+def _locked(versions: Path) -> Iterator[None]:
+    fd = lock_exports(versions)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _reading(sources: Sequence[DatasetToEdit]) -> Iterator[None]:
+    """Hold the export lock of every demoforge source while it is read: no export or edit publishes (and
+    prunes) versions of it meanwhile."""
+    with contextlib.ExitStack() as stack:
+        for source in sources:
+            if source.published is not None:
+                stack.enter_context(_locked(source.published.versions))
+        yield
+
+
+# ----------------------------------------------------------------------------------------- operations
+def edit_dataset(path: Path | str, *, delete: str | None = None, delete_rejected: bool = False,
+                 keep_where: EpisodeFilter | None = None, task: str | None = None,
+                 replay: Mapping[int, str] | None = None, out: Path | str | None = None,
+                 split: Sequence[SplitPart] | None = None, seed: int = 0, stratify: str | None = None,
+                 out_root: Path | str | None = None, repo_id: str | None = None, dry_run: bool = False,
+                 again: bool = False, progress: Progress | None = None,
+                 stage_pause: Callable[[str], None] | None = None) -> EditReport:
+    """Keep the episodes the rules select (see ``edit_selection.select``) and publish them: as the dataset's
+    next version (in place), as a new dataset at ``out``, or split into ``out_root/<part>`` datasets."""
+    started = time.monotonic()
+    pause = stage_pause or (lambda _name: None)
+    path = Path(path)
+    if split is not None and out is not None:
+        raise EditError("--split writes one dataset per part under --out-root; --out names a single dataset: give one")
+    if split is not None and out_root is None:
+        raise EditError("--split needs --out-root DIR: each part becomes the dataset DIR/<part>")
+    if split is None and out_root is not None:
+        raise EditError("--out-root is for --split; to write the edit as a new dataset use --out")
+    in_place = split is None and out is None
+    if in_place and not dry_run and ((path / MARKER).is_file() or path.is_symlink()):
+        with _locked(resolve_target(path).versions):  # read under the lock: the version published stays so
+            source = open_dataset(path)
+            assert source.published is not None
+            remove_unfinished(source.published.versions, source.published.current)
+            return _edit(source, started, pause, progress, delete=delete, delete_rejected=delete_rejected,
+                         keep_where=keep_where, task=task, replay=replay, out=None, split=None, seed=seed,
+                         stratify=stratify, out_root=None, repo_id=repo_id, dry_run=False, again=again)
+    source = open_dataset(path)
+    if in_place and source.foreign:
+        raise EditError(f"{short_path(path)} is a LeRobot dataset demoforge did not write; demoforge never modifies "
+                        "it: write the edit as a new dataset with --out DIR (or split it with --split)")
+    with _reading([source] if not dry_run else []):
+        return _edit(source, started, pause, progress, delete=delete, delete_rejected=delete_rejected,
+                     keep_where=keep_where, task=task, replay=replay, out=out, split=split, seed=seed,
+                     stratify=stratify, out_root=out_root, repo_id=repo_id, dry_run=dry_run, again=again)
+
+
+def _rejected(source: DatasetToEdit) -> tuple[list[int], list[Rejection]]:
+    """Indices of the viewer's rejected episodes in ``source``, and the entries whose episodes are gone."""
+    path = rejected_list_path(source.path)
+    try:
+        entries = read_rejections(path)
+    except RejectedListError as exc:
+        raise EditError(str(exc)) from None
+    by_id = {(e.store_id, e.episode_id): e.index for e in source.episodes if e.episode_id is not None}
+    found: list[int] = []
+    gone: list[Rejection] = []
+    for entry in entries:
+        if entry.episode_id is not None:
+            index = by_id.get((entry.store_id, entry.episode_id))
+            if index is None:
+                gone.append(entry)
+            else:
+                found.append(index)
+        elif entry.version == source.version and 0 <= entry.dataset_index < len(source.episodes):
+            found.append(entry.dataset_index)
+        else:
+            raise EditError(f"{path}: episode {entry.dataset_index} was rejected in version {entry.version}, and "
+                            f"{source.describe()} records no ids that say which episode that is now; mark it again "
+                            "in the viewer (nothing was written)")
+    return sorted(set(found)), gone
+
+
+def _edit(source: DatasetToEdit, started: float, pause: Callable[[str], None], progress: Progress | None, *,
+          delete: str | None, delete_rejected: bool, keep_where: EpisodeFilter | None, task: str | None,
+          replay: Mapping[int, str] | None, out: Path | str | None, split: Sequence[SplitPart] | None, seed: int,
+          stratify: str | None, out_root: Path | str | None, repo_id: str | None, dry_run: bool,
+          again: bool) -> EditReport:
+    in_place = split is None and out is None
+    # Deleting by index is the one rule that is not idempotent (the same indices name other episodes in the
+    # next version): a re-run of the request that made the published version reports it instead.
+    request = json.dumps({"delete": delete, "delete_rejected": delete_rejected, "task": task,
+                          "keep_where": keep_where.canonical() if keep_where else None}, sort_keys=True)
+    previous = (source.marker.edit if source.marker is not None else None) or {}
+    if in_place and delete is not None and previous.get("request") == request and not again:
+        note = (f"version {source.version} is already the result of this edit ({previous.get('operation')}) of "
+                f"{(previous.get('from') or [{}])[0].get('version')}; nothing was changed (--again applies it to "
+                f"{source.version} too)")
+        return EditReport((source.describe(),), len(source.episodes), {}, (WrittenDataset(
+            source.path, ALREADY, source.version, len(source.episodes), sum(e.length for e in source.episodes),
+            len(source.tasks)),), time.monotonic() - started, (note,))
+    rejected, gone = _rejected(source) if delete_rejected else ([], [])
+    selection: Selection = select(source, delete=delete, rejected=rejected, keep_where=keep_where, task=task,
+                                  replay=replay)
+    if not selection.kept:
+        raise EditError(f"the edit would leave no episode of the {len(source.episodes)} in {source.describe()} "
+                        f"({_reasons(selection)}); nothing was written")
+    notes: list[str] = []
+    if delete_rejected:
+        if gone:
+            notes.append(f"{len(gone)} rejected episode(s) are no longer in the dataset (deleted earlier)")
+        if not rejected and not gone:
+            notes.append(f"no episode is marked rejected ({rejected_list_path(source.path)} lists none)")
+
+    def report(*outputs: WrittenDataset) -> EditReport:
+        return EditReport((source.describe(),), len(source.episodes), selection.counts(), tuple(outputs),
+                          time.monotonic() - started, tuple(notes))
+
+    if split is not None:
+        assert out_root is not None
+        kept = [source.episodes[i] for i in selection.kept]
+        parts = allocate_split(kept, split, seed, stratify)
+        operation = (f"{selection.operation}; " if selection.operation else "") + \
+            "split " + ",".join(f"{p.name}={p.fraction:g}" for p in split) + f" seed={seed}" + \
+            (f" stratify={stratify}" if stratify else "")
+        jobs = []
+        for part in split:
+            chosen = [(source, i) for i in parts[part.name]]
+            identity = _identity([source], chosen, None if repo_id is None else f"{repo_id}_{part.name}",
+                                 f"{operation} part={part.name}", suffix=f"_{part.name}")
+            target = _check_new_output(Path(out_root) / part.name, identity, [source])
+            jobs.append((part.name, chosen, identity, target))  # every part checked before any is written
+        outputs = []
+        for name, chosen, identity, target in jobs:
+            plan = _plan(chosen, analyse=dry_run)
+            outputs.append(_publish_new(target, plan, identity, dry_run, pause, progress, name))
+        return report(*outputs)
+
+    chosen = [(source, i) for i in selection.kept]
+    if out is not None:
+        identity = _identity([source], chosen, repo_id, selection.operation or "copy")
+        target = _check_new_output(Path(out), identity, [source])
+        return report(_publish_new(target, _plan(chosen, analyse=dry_run), identity, dry_run, pause, progress))
+
+    # in place: the dataset's next version
+    published = source.published
+    assert published is not None and source.marker is not None
+    if not selection.removed:
+        if delete_rejected and gone and not dry_run:
+            drop_rejections(rejected_list_path(source.path), gone)
+        return report(WrittenDataset(source.path, UNCHANGED, source.version, len(source.episodes),
+                                     sum(e.length for e in source.episodes), len(source.tasks)))
+    identity = _identity([source], chosen, repo_id or source.marker.repo_id, selection.operation, request=request)
+    plan = _plan(chosen, analyse=dry_run)
+    if dry_run:
+        return report(_outcome(source.path, DRY_RUN, None, plan))
+    check_writable(source.path.parent)
+    written = _write(published, plan, identity, source.marker.version + 1, pause, progress)
+    if delete_rejected:  # the list keeps only what is still in the dataset (marked meanwhile, in the viewer)
+        stays = {(source.episodes[i].store_id, source.episodes[i].episode_id) for i in selection.kept}
+        listed = read_rejections(rejected_list_path(source.path))
+        drop_rejections(rejected_list_path(source.path),
+                        [e for e in listed if e.episode_id is None or (e.store_id, e.episode_id) not in stays])
+    return report(written)
+
+
+def _publish_new(target: Published, plan: _Plan, identity: _Identity, dry_run: bool, pause: Callable[[str], None],
+                 progress: Progress | None, name: str | None = None) -> WrittenDataset:
+    if target.marker is not None:  # checked by _check_new_output: the same edit, published by an earlier run
+        return _outcome(target.root, ALREADY, target.current.name if target.current else None, plan, name)
+    if dry_run:
+        return _outcome(target.root, DRY_RUN, None, plan, name)
+    check_writable(target.root.parent)
+    with _locked(target.versions):
+        fresh = resolve_target(target.root)
+        if fresh.marker is not None:
+            if _already(fresh, identity):
+                return _outcome(target.root, ALREADY, fresh.current.name if fresh.current else None, plan, name)
+            raise EditError(f"{short_path(target.root)} was written by another process meanwhile; nothing was written")
+        remove_unfinished(fresh.versions, fresh.current)
+        return _write(fresh, plan, identity, 1, pause, progress, name)
+
+
+def _reasons(selection: Selection) -> str:
+    return ", ".join(f"{n} {reason}" for reason, n in selection.counts().items()) or "nothing removed"
+
+
+def merge_datasets(paths: Sequence[Path | str], out: Path | str, *, repo_id: str | None = None,
+                   dry_run: bool = False, progress: Progress | None = None,
+                   stage_pause: Callable[[str], None] | None = None) -> EditReport:
+    """Every episode of every dataset, in the order given, as one new dataset at ``out``: features checked by
+    name first (nothing is written when they differ), tasks united, indices renumbered from 0."""
+    started = time.monotonic()
+    pause = stage_pause or (lambda _name: None)
+    if len(paths) < 2:
+        raise EditError("merge needs two or more datasets")
+    sources = [open_dataset(p) for p in paths]
+    first = sources[0]
+    def kind(source: DatasetToEdit) -> str:
+        if source.foreign:
+            return "a LeRobot dataset demoforge did not write"
+        return "a demoforge dataset" if source.has_sidecar else "a demoforge dataset without segment records"
+
+    for other in sources[1:]:
+        if kind(other) != kind(first):
+            raise EditError(f"cannot merge {first.describe()} ({kind(first)}) with {other.describe()} "
+                            f"({kind(other)}); nothing was written")
+        diffs = feature_differences(first.features, other.features, str(first.path), str(other.path))
+        if first.fps != other.fps:
+            diffs.insert(0, f"fps: {first.fps} in {first.path}, {other.fps} in {other.path}")
+        if first.marker is not None and other.marker is not None:
+            diffs += [d for d in schema_differences(first.marker.schema, other.marker.schema, str(first.path),
+                                                    str(other.path)) if d not in diffs]
+        if diffs:
+            raise EditError(f"cannot merge {other.path} with {first.path}: their features differ ("
+                            + "; ".join(diffs) + "); a dataset holds one feature layout; nothing was written")
+    seen: dict[tuple[str | None, str], Path] = {}
+    for source in sources:
+        for e in source.episodes:
+            if e.episode_id is None:
+                continue
+            if (e.store_id, e.episode_id) in seen:
+                raise EditError(f"{source.path} and {seen[(e.store_id, e.episode_id)]} both hold staging episode "
+                                f"{e.episode_id} of store {e.store_id} (a dataset holds each episode once: are they "
+                                "the same dataset, or copies?); nothing was written")
+            seen[(e.store_id, e.episode_id)] = source.path
+    chosen = [(s, e.index) for s in sources for e in s.episodes]
+    identity = _identity(sources, chosen, repo_id, "merge")
+    target = _check_new_output(Path(out), identity, sources)
+    with _reading(sources if not dry_run else []):
+        written = _publish_new(target, _plan(chosen, analyse=dry_run), identity, dry_run, pause, progress)
+    return EditReport(tuple(s.describe() for s in sources), len(chosen), {}, (written,),
+                      time.monotonic() - started)
