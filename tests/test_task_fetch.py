@@ -202,3 +202,21 @@ def test_depth_option_renders_metres_from_the_front_camera() -> None:
         np.testing.assert_array_equal(a, b)
     scene = first[0][first[0] < 5.0]
     assert scene.size > 64 * 64 / 2 and 0.3 < scene.min() and 0.5 < float(np.median(scene)) < 2.0  # table ~1 m away
+
+
+def test_two_env_threads_render_at_once_without_crashing_and_commit_what_one_does(tmp_path) -> None:
+    """Two thread workers rendered through two EGL contexts at once and MuJoCo crashed the process (SIGSEGV);
+    rendering is serialised per process now, and the episodes are those of a one-worker run."""
+    from demoforge.storage.reader import open_store_reader
+    from helpers import run_cli
+
+    def identity(store):
+        with open_store_reader(store) as view:
+            return [(r.episode_index, r.seed, r.frames, r.content_hash) for r in view.catalog.committed()]
+
+    args = ("generate", "--task", "fetch-pick-place", "--episodes", "6", "--option", "cycles=1", "--codec", "h264",
+            "--max-attempts", "1")
+    for workers in ("2", "1"):
+        done = run_cli(*args, "--workers", workers, "--store", str(tmp_path / workers))
+        assert done.returncode == 0, (workers, done.returncode, done.stderr[-2000:])
+    assert identity(tmp_path / "2") == identity(tmp_path / "1")

@@ -36,6 +36,7 @@ from gym_aloha.tasks.sim_end_effector import BimanualViperXEndEffectorTask  # no
 from gymnasium.wrappers import TimeLimit  # noqa: E402
 
 from demoforge.pipeline.contract import RecordedObservation, Segment, StepView  # noqa: E402
+from demoforge.pipeline.tasks.mujoco_gl import GL_LOCK  # noqa: E402
 from demoforge.pipeline.tasks.registry import (  # noqa: E402
     CameraSpec,
     TaskEntry,
@@ -257,7 +258,8 @@ class _OneCameraTransferCubeTask(TransferCubeTask):
         obs["qvel"] = self.get_qvel(physics)
         obs["env_state"] = self.get_env_state(physics)
         height, width = self._size
-        obs["images"] = {CAMERA: physics.render(height=height, width=width, camera_id=CAMERA)}
+        with GL_LOCK:
+            obs["images"] = {CAMERA: physics.render(height=height, width=width, camera_id=CAMERA)}
         return obs
 
 
@@ -466,8 +468,9 @@ class AlohaTransferCube(gym.Wrapper):
         images = {CAMERA: np.asarray(observation["pixels"][CAMERA], dtype=np.uint8)}
         if self.depth:
             height, width = self._size
-            images[DEPTH_CAMERA] = np.asarray(self.physics.render(height=height, width=width, camera_id=CAMERA,
-                                                                  depth=True), dtype=np.float32)
+            with GL_LOCK:
+                images[DEPTH_CAMERA] = np.asarray(self.physics.render(height=height, width=width, camera_id=CAMERA,
+                                                                      depth=True), dtype=np.float32)
         return RecordedObservation(
             state={"observation.state": np.asarray(observation["agent_pos"], dtype=np.float32)}, images=images)
 

@@ -21,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from demoforge.pipeline.contract import RecordedObservation, Segment, StepView
+from demoforge.pipeline.tasks.mujoco_gl import DepthCamera, close_renderer, own_context
 from demoforge.pipeline.tasks.registry import (
     CameraSpec,
     TaskEntry,
@@ -123,51 +124,33 @@ class FetchPickPlace(gym.Wrapper):
         return result
 
     def close(self) -> None:
-        """Free the renderer's GL objects while its own context is current.
-
-        Left to the garbage collector, MuJoCo frees them in whatever context is current then, which
-        deletes another live env's framebuffer (its later frames come out black).
-        """
+        """Free the renderers' GL objects in their own contexts (pipeline/tasks/mujoco_gl.py says why)."""
         if self._depth_renderer is not None:
-            self._depth_renderer.close()  # frees its own GL context
+            self._depth_renderer.close()
             self._depth_renderer = None
-        viewer = self._viewer()
-        if viewer is not None:
-            viewer.make_context_current()
-            viewer.con.free()
+        renderer = getattr(self._fetch, "mujoco_renderer", None)
+        if renderer is not None:
+            close_renderer(renderer)
         super().close()
 
     def _viewer(self) -> Any:
         return getattr(getattr(self._fetch, "mujoco_renderer", None), "viewer", None)
 
     def _capture(self) -> None:
-        """Render now, so the frame and the goal it shows belong to the latest observation.
-
-        The renderer only makes its GL context current when created; with several envs in one process
-        (vector rows, tests) another env's context may be current, so make ours current first.
-        """
-        viewer = self._viewer()
-        if viewer is not None:
-            viewer.make_context_current()
-        self._frame = np.array(self.env.render(), dtype=np.uint8, copy=True)
+        """Render now, so the frame and the goal it shows belong to the latest observation."""
+        with own_context(self._fetch.mujoco_renderer):  # the env's render also moves the goal marker
+            self._frame = np.array(self.env.render(), dtype=np.uint8, copy=True)
         if self.depth:
             self._depth = self._render_depth()
         self._frame_goal = self._goal()
 
     def _render_depth(self) -> np.ndarray:
         """Depth in metres from the RGB viewer's camera, in MuJoCo's renderer (its own GL context)."""
-        import mujoco
-
         viewer = self._viewer()
         if self._depth_renderer is None:
             height, width = self._frame.shape[:2] if self._frame is not None else (0, 0)
-            self._depth_renderer = mujoco.Renderer(self._fetch.model, height=height, width=width)
-            self._depth_renderer.enable_depth_rendering()
-        self._depth_renderer.update_scene(self._fetch.data, camera=viewer.cam, scene_option=viewer.vopt)
-        depth = np.array(self._depth_renderer.render(), dtype=np.float32, copy=True)
-        if viewer is not None:
-            viewer.make_context_current()  # leave the RGB viewer's context current, as the env expects
-        return depth
+            self._depth_renderer = DepthCamera(self._fetch.model, height, width)
+        return self._depth_renderer.render(self._fetch.data, viewer.cam, viewer.vopt)
 
     # ---------------------------------------------------------------------------- simulator reads
     @property

@@ -4,10 +4,19 @@ gymnasium's ``MujocoRenderer`` makes its GL context current only when it is crea
 process (vector rows, suite members, tests) another env's context may be current, so each render makes its
 own current first; and closing frees the GL objects in their own context (left to the garbage collector they
 are freed in whatever context is current then, which deletes another live env's framebuffer).
+
+Rendering is serialised within a process (:data:`GL_LOCK`): with two env threads (``--workers 2`` of the thread
+executor) rendering at once through two EGL contexts, MuJoCo's offscreen renderer crashed the process
+(SIGSEGV in ``mjr_render``, reproduced with fetch-pick-place). The lock is the process's, as the GL driver is;
+on CPU (Mesa llvmpipe) a render already uses the cores through the driver's own threads, so one at a time
+costs little; separate processes (``--executor process``) render in parallel.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -19,23 +28,36 @@ def offscreen_viewer(renderer: Any) -> Any:
     return getattr(renderer, "_viewers", {}).get("rgb_array") or getattr(renderer, "viewer", None)
 
 
+#: One GL user at a time in this process (see the module docstring).
+GL_LOCK = threading.RLock()
+
+
+@contextmanager
+def own_context(renderer: Any) -> Iterator[None]:
+    """Hold :data:`GL_LOCK` with a gymnasium ``MujocoRenderer``'s context current (once it has a viewer)."""
+    with GL_LOCK:
+        viewer = offscreen_viewer(renderer)
+        if viewer is not None:
+            viewer.make_context_current()
+        yield
+
+
 def render_rgb(renderer: Any, camera_id: int | None = None) -> np.ndarray:
     """One RGB frame (a copy) of a gymnasium ``MujocoRenderer``, from ``camera_id`` if given, rendered in its own
     GL context."""
-    viewer = offscreen_viewer(renderer)
-    if viewer is not None:
-        viewer.make_context_current()
-    if camera_id is not None:
-        renderer.camera_id = camera_id
-    return np.array(renderer.render("rgb_array"), dtype=np.uint8, copy=True)
+    with own_context(renderer):
+        if camera_id is not None:
+            renderer.camera_id = camera_id
+        return np.array(renderer.render("rgb_array"), dtype=np.uint8, copy=True)
 
 
 def close_renderer(renderer: Any) -> None:
     """Free a gymnasium ``MujocoRenderer``'s GL objects while its own context is current."""
-    viewer = offscreen_viewer(renderer)
-    if viewer is not None:
-        viewer.make_context_current()
-        viewer.con.free()
+    with GL_LOCK:
+        viewer = offscreen_viewer(renderer)
+        if viewer is not None:
+            viewer.make_context_current()
+            viewer.con.free()
 
 
 class DepthCamera:
@@ -45,15 +67,18 @@ class DepthCamera:
     def __init__(self, model: Any, height: int, width: int) -> None:
         import mujoco
 
-        self._renderer = mujoco.Renderer(model, height=height, width=width)
-        self._renderer.enable_depth_rendering()
+        with GL_LOCK:
+            self._renderer = mujoco.Renderer(model, height=height, width=width)
+            self._renderer.enable_depth_rendering()
 
     def render(self, data: Any, camera: Any, scene_option: Any = None) -> np.ndarray:
-        if scene_option is None:
-            self._renderer.update_scene(data, camera=camera)
-        else:
-            self._renderer.update_scene(data, camera=camera, scene_option=scene_option)
-        return np.array(self._renderer.render(), dtype=np.float32, copy=True)
+        with GL_LOCK:
+            if scene_option is None:
+                self._renderer.update_scene(data, camera=camera)
+            else:
+                self._renderer.update_scene(data, camera=camera, scene_option=scene_option)
+            return np.array(self._renderer.render(), dtype=np.float32, copy=True)
 
     def close(self) -> None:
-        self._renderer.close()  # frees its own GL context
+        with GL_LOCK:
+            self._renderer.close()  # frees its own GL context
