@@ -144,7 +144,8 @@ def _executor_config(args: argparse.Namespace):
     from demoforge.pipeline.workers.config import ExecutorConfig
 
     return ExecutorConfig(kind=args.executor, workers=args.workers, ray_address=args.ray_address,
-                          cpus_per_worker=args.cpus_per_worker, max_in_flight=args.max_in_flight)
+                          cpus_per_worker=args.cpus_per_worker, max_in_flight=args.max_in_flight,
+                          start_timeout_s=args.start_timeout)
 
 
 def _job_spec(args: argparse.Namespace):
@@ -547,13 +548,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", type=Path, required=True,
                    help="the job's store folder (created if new; re-run with the same one to resume). Required")
     p.add_argument("--workers", type=int, default=1,
-                   help="env workers: threads, processes or Ray actors, per --executor")
+                   help="env workers: threads, processes or Ray actors, per --executor (remote executors: the "
+                        "most that run at once; a Ray job carries on with fewer while the cluster lacks room)")
     p.add_argument("--executor", choices=["thread", "process", "ray"], default="thread",
                    help="where env workers run: threads in this process, worker processes on this machine, or "
                         "Ray actors (see docs/scale-out.md)")
     p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
                    help="join a running Ray cluster (HOST:PORT or auto; None: start a local Ray)")
     p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs Ray reserves for each actor")
+    p.add_argument("--start-timeout", type=float, default=180.0, metavar="SECONDS",
+                   help="process and Ray executors: stop with exit status 1 when no worker has been running for "
+                        "this long (none could be placed, or all were lost and none replaced)")
     p.add_argument("--max-in-flight", type=int, default=4,
                    help="pieces (of up to 16 encoded frames) a remote worker may run ahead of the writer")
     p.add_argument("--num-envs", type=int, default=1, help="vector-env rows per worker")

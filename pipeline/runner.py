@@ -28,7 +28,7 @@ from demoforge.pipeline.job import JobSpec
 from demoforge.pipeline.records import EpisodeAssignment, Record, StagedAttempt
 from demoforge.pipeline.tasks.registry import get_task
 from demoforge.pipeline.workers.config import ExecutorConfig
-from demoforge.pipeline.workers.driver import RemoteExecutor
+from demoforge.pipeline.workers.driver import RemoteExecutor, WorkerCount
 from demoforge.stages.commit import commit_stage
 from demoforge.stages.encode import encode_stage
 from demoforge.stages.plan import EpisodePlanner, RunawayStop
@@ -53,6 +53,7 @@ class JobStats:
     started_at: float = field(default_factory=time.monotonic)
     queues: dict[str, MemoryObjectSendStream[Any]] = field(default_factory=dict)
     busy: dict[str, float] = field(default_factory=dict)  # seconds of work per stage
+    workers: WorkerCount | None = None  # remote workers (process / Ray executors): running, wanted, lost
 
     @property
     def total_committed(self) -> int:
@@ -133,18 +134,21 @@ class JobRunner:
             anyio.from_thread.run_sync(fn, planner, token=self._token)
 
     async def run(self, handle_signals: bool = False) -> JobReport:
+        if not self.executor.remote:
+            return await self._run(None, handle_signals)
+        # Workers first: a bad address or task fails before the store is touched. The job runs once one
+        # worker is ready; the others join as the cluster places them.
+        remote = RemoteExecutor(self.executor, self.spec, self.info, self.on_event, self._on_workers)
+        async with remote.started():
+            return await self._run(remote, handle_signals)
+
+    def _on_workers(self, count: WorkerCount) -> None:
+        self.stats.workers = count
+
+    async def _run(self, remote: RemoteExecutor | None, handle_signals: bool) -> JobReport:
         spec, info = self.spec, self.info
         delays = stage_delays()
-        remote = None
-        if self.executor.remote:  # workers first: a bad address or task fails before the store is touched
-            remote = RemoteExecutor(self.executor, spec, info, self.on_event)
-            await remote.start()
-        try:
-            store = await anyio.to_thread.run_sync(JobStore.open, self.store_dir, spec.fingerprint(info))
-        except BaseException:
-            if remote is not None:
-                await remote.aclose()
-            raise
+        store = await anyio.to_thread.run_sync(JobStore.open, self.store_dir, spec.fingerprint(info))
         try:
             resume = store.catalog.resume_state()
             planner = self._planner = EpisodePlanner(spec.episodes, resume, spec.max_attempts,
@@ -218,8 +222,6 @@ class JobRunner:
             raise
         finally:
             self._planner = None
-            if remote is not None:
-                await remote.aclose()
             await anyio.to_thread.run_sync(store.close)
 
     async def _watch_signals(self, tg: TaskGroup) -> None:
