@@ -198,7 +198,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out.print(f"{ended}: {report.committed_total}/{report.target} episodes "
               f"committed in {args.store} ({report.committed_this_run} this run, {report.frames_this_run} frames, "
               f"{report.frames_this_run / max(report.elapsed_s, 1e-9):.0f} frames/s, {report.elapsed_s:.1f} s); "
-              f"discarded attempts: {discarded}; abandoned episodes: {report.abandoned}")
+              f"discarded attempts: {discarded}; abandoned episodes: {report.abandoned}{_workers_note(report)}")
     if report.runaway is not None:
         _console(stderr=True).print(f"demoforge generate: error: stopped because {report.runaway.describe()}. "
                                     f"The {report.committed_total} committed episode(s) are kept; fix the task "
@@ -210,6 +210,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     elif args.export is not None:
         return _export_in_child(args.store, args.export, args.repo_id)
     return EXIT_OK if report.complete or report.interrupted else EXIT_FAIL
+
+
+def _workers_note(report: Any) -> str:
+    """Remote workers at the end of the run, when some were lost or the cluster had no room for all."""
+    count = report.workers
+    if count is None or (count.lost == 0 and count.running == count.wanted):
+        return ""
+    return f"; workers lost: {count.lost}, {count.running} of {count.wanted} running at the end"
 
 
 def _export_in_child(store: Path, out: Path, repo_id: str | None) -> int:

@@ -80,6 +80,7 @@ class JobReport:
     recovery: RecoveryReport
     interrupted: bool
     runaway: RunawayStop | None = None  # set when the job stopped itself: too many episodes abandoned in a row
+    workers: WorkerCount | None = None  # remote executors: workers running at the end, the most wanted, lost
 
     @property
     def complete(self) -> bool:
@@ -215,7 +216,7 @@ class JobRunner:
                              discarded=dict(stats.discarded), abandoned=len(planner.abandoned),
                              frames_this_run=stats.frames, elapsed_s=time.monotonic() - stats.started_at,
                              recovery=store.recovery, interrupted=self._stop.is_set(),
-                             runaway=planner.runaway)
+                             runaway=planner.runaway, workers=stats.workers)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(release_unfinished, store.catalog, store.staging)

@@ -290,7 +290,7 @@ def test_a_node_that_joins_mid_run_gets_a_worker(tmp_path, ray_nodes, toy_clean)
     store = tmp_path / "store"
     # Slower steps (the sleep changes no byte of an episode) leave the second worker episodes to take after
     # its node has started, however loaded the machine.
-    run = Generate(*TOY_ARGS, "--option", "step_sleep=0.06", "--store", str(store),
+    run = Generate(*TOY_ARGS, "--option", "step_sleep=0.08", "--store", str(store),
                    *executor_args("ray", ray_nodes.address), **machine_with_token(tmp_path))
     first = int(wait_for_line(run, r"worker (\d+) \(Ray actor, pid \d+\) ready on .*\(1 of 2 worker").group(1))
     waiting = int(wait_for_line(run, r"worker (\d+) waits for room: .*the job carries on with 1 of 2").group(1))
@@ -549,8 +549,10 @@ def test_the_daemon_job_file_chooses_the_executor(tmp_path):
     from demoforge.pipeline.daemon_config import load_config
 
     config = load_config(_job_file(tmp_path, 'executor = "ray"\nworkers = 2',
-                                   '[ray]\naddress = "head:6379"\nnum_workers = 100\ncpus_per_worker = 0.5\n'))
-    assert config.executor == ExecutorConfig(kind="ray", workers=100, ray_address="head:6379", cpus_per_worker=0.5)
+                                   '[ray]\naddress = "head:6379"\nnum_workers = 100\ncpus_per_worker = 0.5\n'
+                                   'start_timeout_seconds = 30\n'))
+    assert config.executor == ExecutorConfig(kind="ray", workers=100, ray_address="head:6379", cpus_per_worker=0.5,
+                                             start_timeout_s=30)
     assert load_config(_job_file(tmp_path, 'executor = "process"\nworkers = 3')).executor == \
         ExecutorConfig(kind="process", workers=3)
     assert load_config(_job_file(tmp_path, "")).executor == ExecutorConfig()
@@ -562,6 +564,7 @@ def test_the_daemon_job_file_chooses_the_executor(tmp_path):
     ('executor = "ray"', "[ray]\nnum_workers = 0\n", "number of workers (--workers) must be"),
     ('executor = "thread"', '[ray]\naddress = "auto"\n', "a [ray] section is set but job.executor is 'thread'"),
     ('executor = "ray"', "[ray]\ncpus = 2\n", "unknown key ray.cpus"),
+    ('executor = "ray"', "[ray]\nstart_timeout_seconds = 0\n", "start timeout (--start-timeout) must be in"),
 ])
 def test_bad_executor_settings_in_the_job_file_are_named(tmp_path, job_extra, tail, message):
     from demoforge.pipeline.daemon_config import DaemonConfigError, load_config
