@@ -261,8 +261,11 @@ def test_a_lost_node_leaves_the_job_to_the_workers_left(tmp_path, ray_cluster, r
     on the other worker, the replacement cannot be placed (no CPU left) and the job says so, carries on,
     and ends at its target with exit 0, without waiting for the replacement."""
     store = tmp_path / "store"
-    run = Generate(*TOY_ARGS, "--store", str(store), *executor_args("ray", ray_cluster),
-                   DEMOFORGE_STAGE_DELAY=SLOW_COMMIT, **machine_with_token(tmp_path))
+    # Slower steps (no byte of an episode changes) leave the one worker left episodes to run for some seconds
+    # after the loss, long enough for the line saying the replacement waits for room.
+    run = Generate(*TOY_ARGS, "--option", "step_sleep=0.04", "--store", str(store),
+                   *executor_args("ray", ray_cluster), DEMOFORGE_STAGE_DELAY=SLOW_COMMIT,
+                   **machine_with_token(tmp_path))
     pids = run.worker_pids(2)
     (victim,) = set(pids) & set(ray_nodes.pids())  # the actor on the node besides the head
     slot = slot_of(run.lines, victim)

@@ -39,7 +39,8 @@ from demoforge.pipeline.workers.episode_worker import Piece, WorkerSpec, interru
 from demoforge.pipeline.workers.process_backend import ProcessBackend, WorkerLost
 from demoforge.stages.step import StepTimeoutError
 
-UNPLACED_NOTICE_S = 2.0  # a start not placed by then is said to wait for room (if the cluster lacks it)
+UNPLACED_NOTICE_S = 2.0  # a start still unplaced then and a second later is said to wait for room
+STARVED_NOTICE_S = 10.0  # no worker running for this long: one line (the job stops at --start-timeout)
 START_RETRY_S = 1.0  # pause before a slot whose worker failed to start tries again
 
 
@@ -310,30 +311,37 @@ class RemoteExecutor:
         return worker
 
     async def _say_if_unplaced(self, slot: int, worker: WorkerHandle, scope: anyio.CancelScope) -> None:
-        """One line when a start waits for room in the cluster (the job carries on without it meanwhile)."""
+        """One line when a start waits for room in the cluster while other workers run (again if their number
+        changes). Unplaced on two checks in a row: a worker process that is only slow to start looks unplaced
+        for a moment. With no worker running, :meth:`_watch_starved` speaks instead."""
         with scope:
+            said_for: int | None = None  # how many workers ran when the last line was printed
+            streak = 0
+            await anyio.sleep(UNPLACED_NOTICE_S - 1.0)
             while True:
-                await anyio.sleep(UNPLACED_NOTICE_S)
-                why = await worker.unplaced()
-                if why is None:
-                    continue
-                if self.workers:
-                    then = f"the job carries on with {self._running()} and starts it when the cluster has room"
-                else:
-                    then = (f"no worker runs: the job stops if none has started within "
-                            f"{self.config.start_timeout_s:g} s")
-                self.on_event(f"worker {slot} waits for room: {why}; {then}")
-                return
+                await anyio.sleep(1.0)
+                why = await worker.unplaced() if self.workers else None
+                streak = streak + 1 if why is not None else 0
+                if streak >= 2 and len(self.workers) != said_for:
+                    said_for = len(self.workers)
+                    self.on_event(f"worker {slot} waits for room: {why}; the job carries on with {self._running()} "
+                                  "and starts it when the cluster has room")
 
     async def _watch_starved(self) -> None:
-        """No worker running for ``start_timeout_s`` while work remains: stop with a clear error (exit 1)."""
+        """No worker running for ``start_timeout_s`` while work remains: stop with a clear error (exit 1).
+        Says so once when none has run for ``STARVED_NOTICE_S``."""
         since = time.monotonic()
+        said = False
         while True:
             await anyio.sleep(0.2)
             broker = self._broker
             if self.workers or self._stopping or (broker is not None and broker.finished):
-                since = time.monotonic()
+                since, said = time.monotonic(), False
                 continue
+            if not said and time.monotonic() - since >= STARVED_NOTICE_S:
+                said = True
+                self.on_event(f"no worker runs yet{await self._room()}; the job stops if none has started within "
+                              f"{self.config.start_timeout_s:g} s (--start-timeout)")
             if time.monotonic() - since < self.config.start_timeout_s:
                 continue
             room = await self._room()
