@@ -246,16 +246,6 @@ def wait_for_line(run: Generate, pattern: str, timeout: float = 120) -> re.Match
     raise AssertionError(f"no line matching {pattern!r}: {''.join(run.lines)}")
 
 
-def worker_rows(store: Path) -> list[tuple[int, str, str | None, bool, str]]:
-    """(worker, state, terminal reason, counted, reason) of every attempt: which worker slot ran what."""
-    db = sqlite3.connect(f"file:{store / 'catalog.sqlite'}?mode=ro", uri=True)
-    try:
-        return [(w, st, tr, bool(c), r or "") for w, st, tr, c, r in
-                db.execute("SELECT worker, state, terminal_reason, counted, reason FROM attempts")]
-    finally:
-        db.close()
-
-
 def test_a_lost_node_leaves_the_job_to_the_workers_left(tmp_path, ray_cluster, ray_nodes, toy_clean):
     """Two nodes of one CPU, two actors: the node of one of them is lost mid-episode. Its attempt is re-run
     on the other worker, the replacement cannot be placed (no CPU left) and the job says so, carries on,
@@ -281,9 +271,12 @@ def test_a_lost_node_leaves_the_job_to_the_workers_left(tmp_path, ray_cluster, r
                      r"\(--cpus-per-worker\); the job carries on with 1 of 2 worker\(s\) running", err), err
     assert "Traceback" not in err
     assert identity(store) == toy_clean  # exactly the target, nothing lost or duplicated, the same bytes
-    check_store(store).close()
-    lost = [r for r in worker_rows(store) if r[2] == "interrupted"]
-    assert lost and all(worker == slot and not counted and "is gone" in reason for worker, _, _, counted, reason in lost)
+    catalog = check_store(store)
+    lost = [r for r in catalog.attempts(("discarded",)) if r.terminal_reason == "interrupted"]
+    ran = {r.worker for r in catalog.attempts()}
+    catalog.close()
+    assert lost and all(r.worker == slot and not r.counted and "is gone" in (r.reason or "") for r in lost)
+    assert ran == {0, 1}
 
 
 def test_a_node_that_joins_mid_run_gets_a_worker(tmp_path, ray_nodes, toy_clean):
@@ -305,8 +298,10 @@ def test_a_node_that_joins_mid_run_gets_a_worker(tmp_path, ray_nodes, toy_clean)
     assert code == 0, err
     assert int(joined.group(1)) in placed_on, err
     assert identity(store) == toy_clean
-    check_store(store).close()
-    assert any(row[0] == waiting for row in worker_rows(store)), "the worker on the node that joined ran nothing"
+    catalog = check_store(store)
+    ran = [r for r in catalog.attempts() if r.worker == waiting]
+    catalog.close()
+    assert ran, "the worker on the node that joined ran nothing"
 
 
 def test_no_room_for_any_worker_exits_1_and_touches_nothing(tmp_path, ray_cluster):

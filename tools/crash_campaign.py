@@ -154,7 +154,8 @@ def read_rows(store: Path) -> list[dict[str, Any]] | None:
     except Exception:  # a catalog a killed or starting process is creating right now: read it again later
         return None
     return [{"episode_index": r.episode_index, "attempt": r.attempt, "episode_id": r.episode_id, "state": r.state,
-             "seed": r.seed, "frames": r.frames, "content_hash": r.content_hash, "dataset_index": r.dataset_index}
+             "seed": r.seed, "frames": r.frames, "content_hash": r.content_hash, "dataset_index": r.dataset_index,
+             "worker": r.worker}
             for r in rows]
 
 
@@ -188,24 +189,6 @@ def flushed(store: Path, episode_id: str) -> bool:
         return False
     flags = rows[:, [ANNOTATION_KEYS.index("terminated"), ANNOTATION_KEYS.index("truncated")]]
     return bool(flags.any())
-
-
-def _staging_rows(store: Path) -> list[Any]:
-    """(worker,) of the attempts in flight: catalog rows still ``staging``, read without the store lock."""
-    import sqlite3
-    from collections import namedtuple
-
-    if not (store / CATALOG_FILE).exists():
-        return []
-    Row = namedtuple("Row", "worker")
-    try:
-        db = sqlite3.connect(f"file:{store / CATALOG_FILE}?mode=ro", uri=True, timeout=10)
-        try:
-            return [Row(w) for (w,) in db.execute("SELECT worker FROM attempts WHERE state = 'staging'")]
-        finally:
-            db.close()
-    except sqlite3.Error:  # the schema is not written yet
-        return []
 
 
 def published(out: Path) -> Path | None:
@@ -833,7 +816,7 @@ json = true
             slots = {int(m.group(2)): int(m.group(1)) for _, text in list(lines)
                      if (m := re.search(r"worker (\d+) \(Ray actor, pid (\d+)\)", text))}
             hosted = [(slots[p], p) for p in pids if p in slots]
-            staging = {r.worker for r in _staging_rows(store)}
+            staging = {r["worker"] for r in read_rows(store) or [] if r["state"] == AttemptState.STAGING}
             before = snapshot(store)
             removed_at = time.monotonic()
             cluster.remove_node(node)

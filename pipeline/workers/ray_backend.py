@@ -2,8 +2,9 @@
 
 Ray is optional (``pip install 'demoforge[ray]'``) and imported only here, lazily. With no address the driver
 starts a local Ray (and shuts it down at the end); with ``auto`` or ``HOST:PORT`` it joins a running cluster
-(``ray start --head`` / ``ray start --address HEAD:6379``). Actors are owned by the driver: a driver that dies
-takes them with it. Each call's ``_generator_backpressure_num_objects`` bounds how many pieces an actor may
+(``ray start --head`` / ``ray start --address HEAD:6379``), with a token only if the cluster asks for one
+(:mod:`.ray_auth`). Actors are owned by the driver: a driver that dies takes them with it. An actor waits
+for room in the cluster as long as the executor lets it (it is created at once and placed by Ray). Each call's ``_generator_backpressure_num_objects`` bounds how many pieces an actor may
 produce ahead of the driver, so a slow writer slows the actors' envs.
 """
 
