@@ -175,7 +175,8 @@ def _executor_config(args: argparse.Namespace):
     from demoforge.pipeline.workers.config import ExecutorConfig
 
     return ExecutorConfig(kind=args.executor, workers=args.workers, ray_address=args.ray_address,
-                          cpus_per_worker=args.cpus_per_worker, max_in_flight=args.max_in_flight)
+                          cpus_per_worker=args.cpus_per_worker, max_in_flight=args.max_in_flight,
+                          start_timeout_s=args.start_timeout)
 
 
 def _job_spec(args: argparse.Namespace):
@@ -252,7 +253,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     out.print(f"{ended}: {report.committed_total}/{report.target} episodes "
               f"committed in {args.store} ({report.committed_this_run} this run, {report.frames_this_run} frames, "
               f"{report.frames_this_run / max(report.elapsed_s, 1e-9):.0f} frames/s, {report.elapsed_s:.1f} s); "
-              f"discarded attempts: {discarded}; abandoned episodes: {report.abandoned}")
+              f"discarded attempts: {discarded}; abandoned episodes: {report.abandoned}{_workers_note(report)}")
     for task in report.per_task:  # a suite: the tasks that did not reach their target, or lost episodes
         if task.committed < spec.episodes or task.abandoned:
             out.print(f"  {task.task}: {task.committed}/{spec.episodes} committed"
@@ -278,6 +279,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     elif args.export is not None:
         return _export_in_child(args.store, args.export, args.repo_id)
     return EXIT_OK if report.complete or report.interrupted else EXIT_FAIL
+
+
+def _workers_note(report: Any) -> str:
+    """Remote workers at the end of the run, when some were lost or the cluster had no room for all."""
+    count = report.workers
+    if count is None or (count.lost == 0 and count.running == count.wanted):
+        return ""
+    return f"; workers lost: {count.lost}, {count.running} of {count.wanted} running at the end"
 
 
 def _export_in_child(store: Path, out: Path, repo_id: str | None) -> int:
@@ -711,13 +720,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", type=Path, required=True,
                    help="the job's store folder (created if new; re-run with the same one to resume). Required")
     p.add_argument("--workers", type=int, default=1,
-                   help="env workers: threads, processes or Ray actors, per --executor")
+                   help="env workers: threads, processes or Ray actors, per --executor (remote executors: the "
+                        "most that run at once; a Ray job carries on with fewer while the cluster lacks room)")
     p.add_argument("--executor", choices=["thread", "process", "ray"], default="thread",
                    help="where env workers run: threads in this process, worker processes on this machine, or "
                         "Ray actors (see docs/scale-out.md)")
     p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
                    help="join a running Ray cluster (HOST:PORT or auto; None: start a local Ray)")
     p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs Ray reserves for each actor")
+    p.add_argument("--start-timeout", type=float, default=180.0, metavar="SECONDS",
+                   help="process and Ray executors: stop with exit status 1 when no worker has been running for "
+                        "this long (none could be placed, or all were lost and none replaced)")
     p.add_argument("--max-in-flight", type=int, default=4,
                    help="pieces (of up to 16 encoded frames) a remote worker may run ahead of the writer")
     p.add_argument("--num-envs", type=int, default=1, help="vector-env rows per worker")

@@ -49,7 +49,8 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
             "executor": ((str,), "where env workers run: thread, process or ray")},
     "ray": {"address": ((str,), "HOST:PORT or \"auto\" of a running Ray cluster (default: start a local Ray)"),
             "num_workers": ((int,), "Ray actors (default: job.workers)"),
-            "cpus_per_worker": ((int, float), "CPUs each actor reserves")},
+            "cpus_per_worker": ((int, float), "CPUs each actor reserves"),
+            "start_timeout_seconds": ((int, float), "stop (exit 1) when no actor has been running for this long")},
     "video": {"codec": ((str,), "codec"), "crf": ((int,), "quality"), "g": ((int,), "keyframe interval"),
               "preset": ((int, str), "encoder preset"), "encoder_threads": ((int,), "threads per encoder")},
     "store": {"dir": ((str,), "staging store directory")},
@@ -172,6 +173,7 @@ def _executor(job: Mapping[str, Any], ray: Mapping[str, Any] | None) -> Executor
     ray = ray or {}
     try:
         return ExecutorConfig(kind=kind, workers=ray.get("num_workers", job.get("workers", 1)),
-                              ray_address=ray.get("address"), cpus_per_worker=ray.get("cpus_per_worker", 1.0))
+                              ray_address=ray.get("address"), cpus_per_worker=ray.get("cpus_per_worker", 1.0),
+                              start_timeout_s=ray.get("start_timeout_seconds", ExecutorConfig.start_timeout_s))
     except ExecutorError as exc:
         raise DaemonConfigError(f"[job]/[ray]: {exc}") from None

@@ -40,6 +40,13 @@ class JobMetrics:
                             registry=r)
         self.failing = Gauge("demoforge_job_failing", "1 when the job stopped itself: the last "
                              "max_consecutive_abandoned episodes were all abandoned", registry=r)
+        self.workers_running = Gauge("demoforge_workers_running", "Remote workers (process / Ray executors) "
+                                     "running now; below demoforge_workers_wanted when the cluster lacks room",
+                                     registry=r)
+        self.workers_wanted = Gauge("demoforge_workers_wanted", "The most remote workers the job runs at once "
+                                    "(workers / ray.num_workers)", registry=r)
+        self.workers_lost = Gauge("demoforge_workers_lost", "Remote workers lost in this run (died, node lost, "
+                                  "hung, or failed to start)", registry=r)
         self.free_bytes = Gauge("demoforge_store_free_bytes", "Free bytes on the store's filesystem", registry=r)
         self.up = Gauge("demoforge_up_timestamp_seconds", "Unix time the daemon started", registry=r)
         self.up.set(time.time())
@@ -57,6 +64,10 @@ class JobMetrics:
     def refresh(self, stats: JobStats) -> None:
         self.frames_per_s.set(stats.frames_per_s())
         self.committed_total.set(stats.total_committed)
+        if stats.workers is not None:
+            self.workers_running.set(stats.workers.running)
+            self.workers_wanted.set(stats.workers.wanted)
+            self.workers_lost.set(stats.workers.lost)
         for name, depth in stats.queue_depths().items():
             self.queue_depth.labels(name).set(depth)
         busy: dict[str, float] = {}

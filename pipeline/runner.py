@@ -28,7 +28,7 @@ from demoforge.pipeline.job import JobSpec
 from demoforge.pipeline.records import EpisodeAssignment, Record, StagedAttempt
 from demoforge.pipeline.tasks.registry import get_task
 from demoforge.pipeline.workers.config import ExecutorConfig
-from demoforge.pipeline.workers.driver import RemoteExecutor
+from demoforge.pipeline.workers.driver import RemoteExecutor, WorkerCount
 from demoforge.stages.commit import commit_stage
 from demoforge.stages.encode import encode_stage
 from demoforge.stages.plan import EpisodePlanner, RunawayStop
@@ -56,6 +56,7 @@ class JobStats:
     # a suite's committed episodes per member task (this run's and earlier runs'); empty for one task
     per_task: Counter[str] = field(default_factory=Counter)
     per_task_target: int = 0  # episodes of each member
+    workers: WorkerCount | None = None  # remote workers (process / Ray executors): running, wanted, lost
 
     @property
     def total_committed(self) -> int:
@@ -94,6 +95,7 @@ class JobReport:
     runaway: RunawayStop | None = None  # set when the job stopped itself: too many episodes abandoned in a row
     # a suite's members, in the suite's order; empty for a job of one task
     per_task: tuple[TaskOutcome, ...] = ()
+    workers: WorkerCount | None = None  # remote executors: workers running at the end, the most wanted, lost
 
     @property
     def complete(self) -> bool:
@@ -150,18 +152,21 @@ class JobRunner:
             anyio.from_thread.run_sync(fn, planner, token=self._token)
 
     async def run(self, handle_signals: bool = False) -> JobReport:
+        if not self.executor.remote:
+            return await self._run(None, handle_signals)
+        # Workers first: a bad address or task fails before the store is touched. The job runs once one
+        # worker is ready; the others join as the cluster places them.
+        remote = RemoteExecutor(self.executor, self.spec, self.info, self.on_event, self._on_workers)
+        async with remote.started():
+            return await self._run(remote, handle_signals)
+
+    def _on_workers(self, count: WorkerCount) -> None:
+        self.stats.workers = count
+
+    async def _run(self, remote: RemoteExecutor | None, handle_signals: bool) -> JobReport:
         spec, info = self.spec, self.info
         delays = stage_delays()
-        remote = None
-        if self.executor.remote:  # workers first: a bad address or task fails before the store is touched
-            remote = RemoteExecutor(self.executor, spec, info, self.on_event)
-            await remote.start()
-        try:
-            store = await anyio.to_thread.run_sync(JobStore.open, self.store_dir, spec.fingerprint(info))
-        except BaseException:
-            if remote is not None:
-                await remote.aclose()
-            raise
+        store = await anyio.to_thread.run_sync(JobStore.open, self.store_dir, spec.fingerprint(info))
         try:
             resume = store.catalog.resume_state()
             planner = self._planner = EpisodePlanner(spec.episodes, resume, spec.max_attempts,
@@ -235,7 +240,7 @@ class JobRunner:
                              discarded=dict(stats.discarded), abandoned=len(planner.abandoned),
                              frames_this_run=stats.frames, elapsed_s=time.monotonic() - stats.started_at,
                              recovery=store.recovery, interrupted=self._stop.is_set(),
-                             runaway=planner.runaway, per_task=tuple(
+                             runaway=planner.runaway, workers=stats.workers, per_task=tuple(
                                  TaskOutcome(m, planner.committed_of(g),
                                              sum(1 for i in planner.abandoned if self.layout.group(i) == g),
                                              planner.given_up.get(g))
@@ -246,8 +251,6 @@ class JobRunner:
             raise
         finally:
             self._planner = None
-            if remote is not None:
-                await remote.aclose()
             await anyio.to_thread.run_sync(store.close)
 
     async def _watch_signals(self, tg: TaskGroup) -> None:

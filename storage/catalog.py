@@ -155,6 +155,7 @@ class AttemptRow:
     dataset_index: int | None
     row_id: int = 0  # the row's position in the catalog: rows are only ever appended
     updated_at: float = 0.0
+    worker: int = 0  # the env worker (thread, process or remote worker slot) that ran the attempt
 
 
 class Catalog:
@@ -397,7 +398,7 @@ class Catalog:
 
     # ------------------------------------------------------------------------------ reads
     _COLUMNS = ("episode_index, attempt, episode_id, state, seed, frames, video_bytes, content_hash, "
-                "terminal_reason, reason, counted, record, dataset_index, id, updated_at")
+                "terminal_reason, reason, counted, record, dataset_index, id, updated_at, worker")
 
     @staticmethod
     def _row(r: tuple[Any, ...]) -> AttemptRow:
@@ -405,7 +406,7 @@ class Catalog:
                           frames=r[5], video_bytes=json.loads(r[6]) if r[6] else {}, content_hash=r[7],
                           terminal_reason=r[8], reason=r[9], counted=bool(r[10]),
                           record=json.loads(r[11]) if r[11] else None, dataset_index=r[12], row_id=r[13],
-                          updated_at=r[14])
+                          updated_at=r[14], worker=r[15])
 
     @staticmethod
     def _in(values: Collection[Any]) -> str:

@@ -32,28 +32,37 @@ def register_task() -> Iterator[Callable]:
         yield register
 
 
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
+@pytest.fixture(scope="session")
+def ray_nodes(tmp_path_factory):
+    """One real multi-node Ray cluster for the whole test session (start-up takes seconds): the head and one
+    more node, one CPU each, without token authentication (``ray.cluster_utils.Cluster`` in a host process,
+    see ray_nodes.py). Tests that add or remove nodes leave the cluster as they like; the fixtures below
+    size it back first."""
+    from ray_nodes import LocalCluster
 
-import pytest  # noqa: E402
+    cluster = LocalCluster(tmp_path_factory.mktemp("ray-nodes"), auth=False, head_cpus=1, nodes=1)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def ray_cluster(ray_nodes) -> str:
+    """The session's cluster with the head and one more node (2 CPUs); yields the GCS address that
+    `demoforge generate --executor ray --ray-address` joins."""
+    ray_nodes.resize(1)
+    return ray_nodes.address
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """One local Ray cluster for the whole test session (start-up takes seconds); yields its GCS address,
-    which `demoforge generate --executor ray --ray-address` joins. Its workers import the project and the
-    test task modules through the PYTHONPATH set here."""
-    import ray
+def ray_token_cluster(tmp_path_factory):
+    """A one-node Ray cluster with token authentication (as `ray start --head` makes since Ray 2.59); its
+    token is in ``.token_file``."""
+    from ray_nodes import LocalCluster
 
-    repo = Path(__file__).resolve().parent.parent
-    paths = [str(repo), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    # Ray's socket paths must stay under 108 bytes: a short folder, not pytest's deep tmp_path.
-    temp_dir = tempfile.mkdtemp(prefix="dfray")
-    context = ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20, _temp_dir=temp_dir,
-                       logging_level="ERROR", log_to_driver=False)
+    cluster = LocalCluster(tmp_path_factory.mktemp("ray-token"), auth=True, head_cpus=1)
     try:
-        yield context.address_info["gcs_address"]
+        yield cluster
     finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        cluster.close()

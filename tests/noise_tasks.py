@@ -1,6 +1,8 @@
 """Toy tasks for the scale-out tests (workers import this module by name): ``toy-noise``, a camera of random
 noise, so encoded frames are large (tens of KB) and a run's output is far bigger than what the pipeline may
-hold at once; ``toy-stall``, whose episode 1 attempt 0 hangs in ``step``."""
+hold at once; ``toy-stall``, whose episode 1 attempt 0 hangs in ``step``; ``toy-crash-start``, whose env
+kills its process while it is built (as a simulator that aborts in a C library would), after a line on
+stderr."""
 
 from __future__ import annotations
 
@@ -40,3 +42,17 @@ class StallingEnv(CameraPointEnv):
 
 register(TaskEntry(name="toy-stall", defaults=DEFAULTS, describe=_noise_info,
                    make_env=lambda o: StallingEnv(dict(o))))
+
+
+CRASH_MESSAGE = "toy-crash-start: cannot open the simulator's display (simulated)"
+
+
+def _crash_while_building(options):
+    import os
+    import sys
+
+    print(CRASH_MESSAGE, file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+register(TaskEntry(name="toy-crash-start", defaults=DEFAULTS, describe=_noise_info, make_env=_crash_while_building))

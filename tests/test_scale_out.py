@@ -1,10 +1,11 @@
-"""Scale-out executors with real worker processes and a real local Ray cluster: the same episodes as a thread
-run, worker and driver kills, backpressure, and bad input."""
+"""Scale-out executors with real worker processes and a real multi-node Ray cluster: the same episodes as a
+thread run, worker, node and driver kills, nodes joining, token authentication, backpressure, and bad input."""
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import signal
 import socket
 import sqlite3
@@ -32,7 +33,8 @@ from demoforge.storage.verify import verify_store
 from helpers import cli_env, demoforge_argv
 
 # One Ray cluster per test session: the suite runs with `-n 2 --dist loadfile`, so every test of this file runs
-# in one pytest-xdist worker, which alone starts the session's Ray cluster (conftest.ray_cluster).
+# in one pytest-xdist worker, which alone starts the session's Ray clusters (conftest.ray_nodes, and
+# conftest.ray_token_cluster for the authentication tests).
 pytestmark = pytest.mark.slow
 
 FETCH_ARGS = ("--task", "fetch-pick-place", "--option", "cycles=1", "--option", "image_size=64", "--episodes", "3")
@@ -140,9 +142,30 @@ def gone(pids: list[int], timeout: float) -> bool:
     return False
 
 
-def executor_args(kind: str, ray_address: str | None) -> tuple[str, ...]:
-    args = ("--executor", kind, "--workers", "2")
+def executor_args(kind: str, ray_address: str | None, workers: int = 2) -> tuple[str, ...]:
+    args = ("--executor", kind, "--workers", str(workers))
     return args + ("--ray-address", ray_address) if kind == "ray" else args
+
+
+def machine_with_token(tmp_path: Path, token: str | None = None) -> dict[str, str | None]:
+    """A driver's environment on a machine whose ~/.ray/auth_token exists (any local `ray start` or local Ray
+    leaves one) and no RAY_AUTH_* setting: HOME is a folder of the test's (caches stay where they were)."""
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True, exist_ok=True)
+    (home / ".ray" / "auth_token").write_text(token or secrets.token_hex(16))
+    return {"HOME": str(home), "XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")),
+            "RAY_AUTH_MODE": None, "RAY_AUTH_TOKEN": None, "RAY_AUTH_TOKEN_PATH": None}
+
+
+def machine_without_token(tmp_path: Path) -> dict[str, str | None]:
+    home = tmp_path / "bare-home"
+    home.mkdir(parents=True, exist_ok=True)
+    return {"HOME": str(home), "XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")),
+            "RAY_AUTH_MODE": None, "RAY_AUTH_TOKEN": None, "RAY_AUTH_TOKEN_PATH": None}
+
+
+def slot_of(lines: list[str], pid: int) -> int:
+    return int(re.search(rf"worker (\d+) \([^)]*pid {pid}\)", "".join(lines)).group(1))
 
 
 # ------------------------------------------------------------------------------------------ equality
@@ -153,13 +176,15 @@ def test_process_and_ray_executors_commit_what_a_thread_run_commits(tmp_path, ra
     assert len(expected) == 3
     for kind in ("process", "ray"):
         store, dataset = tmp_path / kind, tmp_path / f"{kind}-dataset"
-        # The session's cluster uses token authentication (Ray's default for a new local cluster); the driver
-        # joins with this machine's token without being told RAY_AUTH_MODE, as after `ray start --head`.
+        # The session's cluster has no token authentication and this machine has a token file: the driver
+        # joins as the cluster requires (without a token), not as the file suggests.
         run = Generate(*FETCH_ARGS, "--store", str(store), "--export", str(dataset),
-                       *executor_args(kind, ray_cluster), RAY_AUTH_MODE=None)
+                       *executor_args(kind, ray_cluster), **machine_with_token(tmp_path))
         code, out, err = run.finish()
         assert code == 0, err
         assert len(run.worker_pids(2)) == 2
+        if kind == "ray":
+            assert "no authentication (the cluster asks for none)" in err and "2 node(s)" in err, err
         # Same episode, attempt, seed, frame count and content hash (numbers and AV1 bytes) as the thread run.
         assert identity(store) == expected, kind
         check_store(store).close()
@@ -172,9 +197,9 @@ def test_process_and_ray_executors_commit_what_a_thread_run_commits(tmp_path, ra
 def test_a_killed_worker_loses_nothing_and_its_attempt_is_rerun(tmp_path, ray_cluster, toy_clean, kind):
     store = tmp_path / "store"
     run = Generate(*TOY_ARGS, "--store", str(store), *executor_args(kind, ray_cluster),
-                   DEMOFORGE_STAGE_DELAY=SLOW_COMMIT)
+                   DEMOFORGE_STAGE_DELAY=SLOW_COMMIT, **machine_with_token(tmp_path))
     victim = run.worker_pids(2)[0]  # worker 0 is the first to report ready, or worker 1: read its slot
-    slot = int(re.search(rf"worker (\d+) \([^)]*pid {victim}\)", "".join(run.lines)).group(1))
+    slot = slot_of(run.lines, victim)
     wait_mid_episode(store, worker=slot)
     os.kill(victim, signal.SIGKILL)
     code, out, err = run.finish()
@@ -193,13 +218,13 @@ def test_a_killed_worker_loses_nothing_and_its_attempt_is_rerun(tmp_path, ray_cl
 def test_a_killed_driver_takes_its_workers_along_and_resumes(tmp_path, ray_cluster, toy_clean, kind):
     store = tmp_path / "store"
     args = (*TOY_ARGS, "--store", str(store), *executor_args(kind, ray_cluster))
-    run = Generate(*args)
+    run = Generate(*args, **machine_with_token(tmp_path))
     workers = run.worker_pids(2)
     wait_mid_episode(store)
     run.proc.send_signal(signal.SIGKILL)
     run.finish(timeout=30)
     assert gone(workers, timeout=30), f"{kind} workers outlived their driver"
-    resumed = Generate(*args)
+    resumed = Generate(*args, **machine_with_token(tmp_path))
     code, out, err = resumed.finish()
     assert code == 0, err
     # Recovery discards what the dead driver had in flight (its workers' attempts and any awaiting commit).
@@ -207,6 +232,138 @@ def test_a_killed_driver_takes_its_workers_along_and_resumes(tmp_path, ray_clust
     assert cleaned and int(cleaned.group(1)) >= 1, out
     assert identity(store) == toy_clean
     check_store(store).close()
+
+
+# ------------------------------------------------------------------------------------------ nodes lost and joining
+def wait_for_line(run: Generate, pattern: str, timeout: float = 120) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in list(run.lines):
+            if m := re.search(pattern, line):
+                return m
+        assert run.proc.poll() is None, "".join(run.lines)
+        time.sleep(0.05)
+    raise AssertionError(f"no line matching {pattern!r}: {''.join(run.lines)}")
+
+
+def test_a_lost_node_leaves_the_job_to_the_workers_left(tmp_path, ray_cluster, ray_nodes, toy_clean):
+    """Two nodes of one CPU, two actors: the node of one of them is lost mid-episode. Its attempt is re-run
+    on the other worker, the replacement cannot be placed (no CPU left) and the job says so, carries on,
+    and ends at its target with exit 0, without waiting for the replacement."""
+    store = tmp_path / "store"
+    # Slower steps (no byte of an episode changes) leave the one worker left episodes to run for some seconds
+    # after the loss, long enough for the line saying the replacement waits for room.
+    run = Generate(*TOY_ARGS, "--option", "step_sleep=0.04", "--store", str(store),
+                   *executor_args("ray", ray_cluster), DEMOFORGE_STAGE_DELAY=SLOW_COMMIT,
+                   **machine_with_token(tmp_path))
+    pids = run.worker_pids(2)
+    (victim,) = set(pids) & set(ray_nodes.pids())  # the actor on the node besides the head
+    slot = slot_of(run.lines, victim)
+    wait_mid_episode(store, worker=slot)
+    ray_nodes.remove_node()
+    lost_at = time.monotonic()
+    code, out, err = run.finish()
+    assert code == 0, err
+    assert time.monotonic() - lost_at < 150, "the job waited for a replacement it could not place"
+    assert f"worker {slot} (Ray actor, pid {victim}) on " in err and "is gone" in err, err
+    assert "its in-flight attempt is discarded and re-run" in err, err
+    assert re.search(rf"worker {slot} waits for room: the cluster has 0 of \d+ CPUs free and a worker needs 1 "
+                     r"\(--cpus-per-worker\); the job carries on with 1 of 2 worker\(s\) running", err), err
+    assert "Traceback" not in err
+    assert identity(store) == toy_clean  # exactly the target, nothing lost or duplicated, the same bytes
+    catalog = check_store(store)
+    lost = [r for r in catalog.attempts(("discarded",)) if r.terminal_reason == "interrupted"]
+    ran = {r.worker for r in catalog.attempts()}
+    catalog.close()
+    assert lost and all(r.worker == slot and not r.counted and "is gone" in (r.reason or "") for r in lost)
+    assert ran == {0, 1}
+
+
+def test_a_node_that_joins_mid_run_gets_a_worker(tmp_path, ray_nodes, toy_clean):
+    """The head alone has room for one of two actors: the job runs with one and says so; a node that joins
+    mid-run gets the second, which takes episodes."""
+    ray_nodes.resize(0)
+    store = tmp_path / "store"
+    # Slower steps (the sleep changes no byte of an episode) leave the second worker episodes to take after
+    # its node has started, however loaded the machine.
+    run = Generate(*TOY_ARGS, "--option", "step_sleep=0.08", "--store", str(store),
+                   *executor_args("ray", ray_nodes.address), **machine_with_token(tmp_path))
+    first = int(wait_for_line(run, r"worker (\d+) \(Ray actor, pid \d+\) ready on .*\(1 of 2 worker").group(1))
+    waiting = int(wait_for_line(run, r"worker (\d+) waits for room: .*the job carries on with 1 of 2").group(1))
+    assert {first, waiting} == {0, 1}
+    ray_nodes.add_node()
+    joined = wait_for_line(run, rf"worker {waiting} \(Ray actor, pid (\d+)\) ready on .*, joining the run \(2 of 2")
+    placed_on = ray_nodes.pids()  # while the run goes on (its actors end with it)
+    code, out, err = run.finish()
+    assert code == 0, err
+    assert int(joined.group(1)) in placed_on, err
+    assert identity(store) == toy_clean
+    catalog = check_store(store)
+    ran = [r for r in catalog.attempts() if r.worker == waiting]
+    catalog.close()
+    assert ran, "the worker on the node that joined ran nothing"
+
+
+def test_no_room_for_any_worker_exits_1_and_touches_nothing(tmp_path, ray_cluster):
+    store = tmp_path / "store"
+    done = subprocess.run(demoforge_argv("generate", *TOY_ARGS, "--store", str(store), "--executor", "ray",
+                                         "--ray-address", ray_cluster, "--cpus-per-worker", "8",
+                                         "--start-timeout", "4"),
+                          env=cli_env(**machine_with_token(tmp_path)), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "no worker could be started within 4 s (--start-timeout): the cluster has 2 of 2 CPUs free and a " \
+           "worker needs 8 (--cpus-per-worker). Nothing was written" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "token" not in done.stderr and not store.exists()
+
+
+@pytest.mark.parametrize("kind", ["process", "ray"])
+def test_a_worker_that_dies_while_starting_says_why(tmp_path, ray_cluster, kind):
+    from noise_tasks import CRASH_MESSAGE
+
+    store = tmp_path / "store"
+    done = subprocess.run(demoforge_argv("generate", "--task", "toy-crash-start", "--episodes", "1", "--store",
+                                         str(store), "--codec", "h264", *executor_args(kind, ray_cluster, 1)),
+                          env=cli_env(DEMOFORGE_TASK_MODULES="toy_tasks,noise_tasks", **machine_with_token(tmp_path)),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    if kind == "ray":  # Ray's cause of death and the actor's last stderr line, not a bare ActorDiedError
+        assert "worker 0 (Ray actor) died while starting: ActorDiedError" in done.stderr, done.stderr
+        assert "The actor is dead because its worker process has died" in done.stderr, done.stderr
+        assert f"its stderr ended with: {CRASH_MESSAGE}" in done.stderr, done.stderr
+    else:  # the process's own stderr is the driver's
+        assert "exit status 3 before it was ready" in done.stderr and CRASH_MESSAGE in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not store.exists()
+
+
+# ------------------------------------------------------------------------------------------ token authentication
+def test_a_token_cluster_is_joined_with_this_machines_token(tmp_path, ray_token_cluster):
+    store = tmp_path / "store"
+    token = ray_token_cluster.token_file.read_text()
+    run = Generate("--task", "toy-point", "--episodes", "2", "--codec", "h264", "--store", str(store),
+                   *executor_args("ray", ray_token_cluster.address, 1), **machine_with_token(tmp_path, token))
+    code, out, err = run.finish()
+    assert code == 0, err
+    assert "token authentication (token from ~/.ray/auth_token)" in err, err
+    assert len(identity(store)) == 2
+    check_store(store).close()
+
+
+@pytest.mark.parametrize("token, message", [
+    (None, "uses token authentication and this machine has no token: run `ray get-auth-token` on the head node"),
+    ("0" * 32, "refused this machine's token (from ~/.ray/auth_token): it is not the cluster's token; run "
+               "`ray get-auth-token`"),
+])
+def test_a_token_cluster_refuses_a_machine_without_its_token(tmp_path, ray_token_cluster, token, message):
+    store = tmp_path / "store"
+    env = machine_with_token(tmp_path, token) if token else machine_without_token(tmp_path)
+    started = time.monotonic()
+    done = subprocess.run(demoforge_argv("generate", "--task", "toy-point", "--episodes", "1", "--store", str(store),
+                                         *executor_args("ray", ray_token_cluster.address, 1)),
+                          env=cli_env(**env), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert f"the Ray cluster at {ray_token_cluster.address} {message}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not store.exists()
+    assert time.monotonic() - started < 60  # refused at once, not after Ray's 20 s of retries
 
 
 # ------------------------------------------------------------------------------------------ backpressure
@@ -342,7 +499,7 @@ def test_an_unreachable_ray_address_fails_fast_and_touches_nothing(tmp_path):
                           env=cli_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "no Ray cluster is reachable at 127.0.0.1:" in done.stderr and "ray start --head" in done.stderr
-    assert "Traceback" not in done.stderr and not store.exists()
+    assert "Traceback" not in done.stderr and "token" not in done.stderr and not store.exists()
     assert time.monotonic() - started < 60
 
 
@@ -390,8 +547,10 @@ def test_the_daemon_job_file_chooses_the_executor(tmp_path):
     from demoforge.pipeline.daemon_config import load_config
 
     config = load_config(_job_file(tmp_path, 'executor = "ray"\nworkers = 2',
-                                   '[ray]\naddress = "head:6379"\nnum_workers = 100\ncpus_per_worker = 0.5\n'))
-    assert config.executor == ExecutorConfig(kind="ray", workers=100, ray_address="head:6379", cpus_per_worker=0.5)
+                                   '[ray]\naddress = "head:6379"\nnum_workers = 100\ncpus_per_worker = 0.5\n'
+                                   'start_timeout_seconds = 30\n'))
+    assert config.executor == ExecutorConfig(kind="ray", workers=100, ray_address="head:6379", cpus_per_worker=0.5,
+                                             start_timeout_s=30)
     assert load_config(_job_file(tmp_path, 'executor = "process"\nworkers = 3')).executor == \
         ExecutorConfig(kind="process", workers=3)
     assert load_config(_job_file(tmp_path, "")).executor == ExecutorConfig()
@@ -403,6 +562,7 @@ def test_the_daemon_job_file_chooses_the_executor(tmp_path):
     ('executor = "ray"', "[ray]\nnum_workers = 0\n", "number of workers (--workers) must be"),
     ('executor = "thread"', '[ray]\naddress = "auto"\n', "a [ray] section is set but job.executor is 'thread'"),
     ('executor = "ray"', "[ray]\ncpus = 2\n", "unknown key ray.cpus"),
+    ('executor = "ray"', "[ray]\nstart_timeout_seconds = 0\n", "start timeout (--start-timeout) must be in"),
 ])
 def test_bad_executor_settings_in_the_job_file_are_named(tmp_path, job_extra, tail, message):
     from demoforge.pipeline.daemon_config import DaemonConfigError, load_config

@@ -1,9 +1,10 @@
 """Crash campaign: SIGKILL `demoforge generate`, `demoforge export` and `demoforge daemon` at random and at
-targeted moments, recover, resume to completion, and check the durability invariants after every kill.
+targeted moments, recover, resume to completion, and check the durability invariants after every kill; and
+kill the nodes of a real Ray cluster under a running `generate --executor ray`.
 
     HF_HUB_OFFLINE=1 .venv/bin/python tools/crash_campaign.py --trials 120 [--seed 0]
-        [--kinds generate,export,daemon] [--task toy-point|fetch-pick-place] [--out report.json]
-        [--cli-resume] [--keep] [--workdir DIR]
+        [--kinds generate,export,daemon,nodes] [--task toy-point|fetch-pick-place] [--out report.json]
+        [--cli-resume] [--keep] [--workdir DIR] [--nodes 2] [--node-kills 2-4]
 
 Trials go round-robin over the kinds; each kind cycles through its kill targets:
 
@@ -17,6 +18,13 @@ Trials go round-robin over the kinds; each kind cycles through its kill targets:
   ``random``.
 - daemon (a job file with a target of N episodes and an export every 3): ``commit``, ``export`` (killed
   while a periodic export builds its version) and ``random``.
+- nodes (``random``): a multi-node Ray cluster on this machine (``ray.cluster_utils.Cluster``: the head and
+  ``--nodes`` more, one CPU each, kept for the whole campaign) runs `generate --executor ray --workers
+  nodes+1`; at random moments a random node besides the head is removed (its raylet and workers SIGKILLed,
+  as a lost machine), several times per trial (``--node-kills``), and after most kills a new node joins. The
+  driver is never killed: the job itself must reach its target and exit 0. Each kill is labelled by what the
+  node held (a worker with an attempt in flight, an idle worker, no worker), and the driver's lines give how
+  long it took to notice the loss and to place a replacement.
 
 Where each kill really landed is read from what the dead process left behind (catalog rows, staged data,
 the dataset's version folders), not from the intent. After the kill the published dataset is checked, then
@@ -86,7 +94,8 @@ TASKS: dict[str, dict[str, Any]] = {
 }
 PROFILES = ("", "encode:0.01", "write:0.005", "commit:0.2")  # stage-delay profiles of random generate kills
 TARGETS = {"generate": ("random", "encode", "commit"), "export": ("metadata", "publish", "random"),
-           "daemon": ("commit", "export", "random")}
+           "daemon": ("commit", "export", "random"), "nodes": ("random",)}
+NODE_STEP_SLEEP = 0.25  # node trials step slower (no byte of an episode changes) so several kills fit in one run
 WINDOWS = {("generate", "encode"): {"gen:in-flight"}, ("generate", "commit"): {"gen:commit-window"},
            ("export", "metadata"): {"export:metadata-writes"},
            ("export", "publish"): {"export:renamed-not-published", "export:published-catalog-pending"},
@@ -103,13 +112,17 @@ INVARIANTS = {
     "exported_unaltered": "files of episodes published before the kill are byte-identical afterwards",
     "dataset_validates": "validate_dataset (LeRobotDataset load, decoded frames) exits 0 after the resume",
     "resume_clean": "the resume exits 0, without a traceback",
+    "job_completes": "a job whose Ray nodes were killed under it exits 0, without a traceback, with the target "
+                     "committed and no re-run",
 }
 APPLIES = {"generate": ("committed_kept", "matches_clean_run", "no_duplicates", "no_index_gaps", "final_count",
                         "no_leftovers", "store_verifies", "resume_clean"),
            "export": ("committed_kept", "no_duplicates", "no_index_gaps", "final_count", "no_leftovers",
                       "published_consistent", "export_complete", "exported_unaltered", "dataset_validates",
                       "resume_clean"),
-           "daemon": tuple(INVARIANTS)}
+           "daemon": tuple(i for i in INVARIANTS if i != "job_completes"),
+           "nodes": ("committed_kept", "matches_clean_run", "no_duplicates", "no_index_gaps", "final_count",
+                     "no_leftovers", "store_verifies", "job_completes")}
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -141,7 +154,8 @@ def read_rows(store: Path) -> list[dict[str, Any]] | None:
     except Exception:  # a catalog a killed or starting process is creating right now: read it again later
         return None
     return [{"episode_index": r.episode_index, "attempt": r.attempt, "episode_id": r.episode_id, "state": r.state,
-             "seed": r.seed, "frames": r.frames, "content_hash": r.content_hash, "dataset_index": r.dataset_index}
+             "seed": r.seed, "frames": r.frames, "content_hash": r.content_hash, "dataset_index": r.dataset_index,
+             "worker": r.worker}
             for r in rows]
 
 
@@ -253,6 +267,7 @@ class Trial:
     pause: float = 0.0
     tries: int = 0
     killed: bool = False
+    kills: int = 0  # kills that landed (one per trial, except node trials)
     kill_at_s: float | None = None
     committed_at_kill: int = 0
     landed: list[str] = field(default_factory=list)
@@ -261,6 +276,7 @@ class Trial:
     seconds: float = 0.0
     note: str = ""
     violations: dict[str, list[str]] = field(default_factory=dict)
+    timings: list[dict[str, Any]] = field(default_factory=list)  # node trials: one entry per node kill
 
     def bad(self, invariant: str, message: str) -> None:
         assert invariant in INVARIANTS, invariant
@@ -280,14 +296,15 @@ class Campaign:
         self.reference: dict[int, tuple] = {}
         self.live: subprocess.Popen | None = None
         self.lerobot_import_s = 0.0
+        self.cluster: Any = None  # the nodes kind's Ray cluster (ray_nodes.LocalCluster), started on first use
 
     # ------------------------------------------------------------------ set-up
     def option_args(self) -> list[str]:
         return [a for k, v in self.cfg["options"].items() for a in ("--option", f"{k}={json.dumps(v)}")]
 
-    def gen_argv(self, store: Path) -> list[str]:
+    def gen_argv(self, store: Path, *extra: str) -> list[str]:
         return cli("generate", "--task", self.task, "--episodes", str(self.n), "--codec", CODEC,
-                   *self.option_args(), "--store", str(store))
+                   *self.option_args(), *extra, "--store", str(store))
 
     def spec(self, episodes: int):
         from demoforge.pipeline.job import JobSpec, VideoSettings
@@ -419,6 +436,7 @@ class Campaign:
             trial.note = f"harness error: {type(exc).__name__}: {exc}"
             trial.bad("resume_clean", f"harness: {traceback.format_exc()[-1500:]}")
         trial.seconds = time.monotonic() - started
+        trial.kills = trial.kills or int(trial.killed)
         if trial.landed and (trial.kind, trial.target) in WINDOWS:
             trial.hit = bool(set(trial.landed) & WINDOWS[(trial.kind, trial.target)]) if trial.killed else False
         if folder is not None and not trial.violations and not self.args.keep:
@@ -741,6 +759,130 @@ json = true
         self._check_store(trial, store, state)
         self._check_final_dataset(trial, store, out, state)
 
+    # nodes ------------------------------------------------------------------------------------------
+    def ray_cluster(self) -> Any:
+        if self.cluster is None:
+            from ray_nodes import LocalCluster
+
+            started = time.monotonic()
+            self.cluster = LocalCluster(self.work / "ray-cluster", auth=False, head_cpus=1, nodes=self.args.nodes)
+            print(f"ray cluster: head + {self.args.nodes} node(s) at {self.cluster.address} in "
+                  f"{time.monotonic() - started:.1f} s", flush=True)
+        return self.cluster
+
+    def nodes_argv(self, store: Path) -> list[str]:
+        cluster = self.ray_cluster()
+        return self.gen_argv(store, "--option", f"step_sleep={NODE_STEP_SLEEP}", "--executor", "ray",
+                             "--ray-address", cluster.address, "--workers", str(self.args.nodes + 1))
+
+    def _nodes_kill(self, trial: Trial, folder: Path, shrink: float) -> dict[str, Any]:
+        import re
+        import threading
+
+        rng = self.rng
+        cluster = self.ray_cluster()
+        cluster.resize(self.args.nodes)
+        store = folder / "store"
+        trial.profile = rng.choice(PROFILES)
+        lines: list[tuple[float, str]] = []
+        out = open(folder / "child.out", "wb")
+        proc = subprocess.Popen(self.nodes_argv(store), env=child_env(DEMOFORGE_STAGE_DELAY=trial.profile),
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE, text=True, cwd=folder)
+        out.close()
+        self.live = proc
+        t0 = time.monotonic()
+
+        def read() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                lines.append((time.monotonic(), line.rstrip("\n")))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        while proc.poll() is None and not any("ready on" in text for _, text in list(lines)):
+            time.sleep(0.05)
+        low, high = self.args.node_kills
+        before = None
+        for _ in range(rng.randint(low, high)):
+            time.sleep(rng.uniform(0.3, 3.0) * shrink)
+            if proc.poll() is not None:
+                break
+            nodes = cluster.nodes()
+            if not nodes:
+                cluster.add_node()
+                continue
+            node = rng.choice(nodes)
+            pids = set(cluster.pids(node))
+            slots = {int(m.group(2)): int(m.group(1)) for _, text in list(lines)
+                     if (m := re.search(r"worker (\d+) \(Ray actor, pid (\d+)\)", text))}
+            hosted = [(slots[p], p) for p in pids if p in slots]
+            staging = {r["worker"] for r in read_rows(store) or [] if r["state"] == AttemptState.STAGING}
+            before = snapshot(store)
+            removed_at = time.monotonic()
+            cluster.remove_node(node)
+            if proc.poll() is not None:
+                break
+            label = "node:no-worker" if not hosted else \
+                "node:attempt-in-flight" if any(slot in staging for slot, _ in hosted) else "node:idle-worker"
+            trial.landed.append(label)
+            trial.kills += 1
+            trial.kill_at_s = trial.kill_at_s if trial.kill_at_s is not None else removed_at - t0
+            kill: dict[str, Any] = {"at_s": round(removed_at - t0, 2), "label": label, "removed_at": removed_at,
+                                    "slots": [slot for slot, _ in hosted], "committed": before.committed}
+            if rng.random() < 0.7:  # most lost machines come back (or are replaced) while the job runs
+                time.sleep(rng.uniform(0.0, 2.0) * shrink)
+                kill["added_at"] = time.monotonic()
+                cluster.add_node()
+            trial.timings.append(kill)
+        try:
+            proc.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+        self.live = None
+        trial.killed = trial.kills > 0
+        self._node_timings(trial, lines)
+        state = self._snapshot(trial, store, None)
+        state["code"] = proc.returncode
+        state["stderr"] = "\n".join(text for _, text in lines)
+        if before is not None:
+            state["store"] = before  # committed at the last kill (a superset of what the earlier ones saw)
+            trial.committed_at_kill = len(before.rows)
+        return state
+
+    @staticmethod
+    def _node_timings(trial: Trial, lines: list[tuple[float, str]]) -> None:
+        """From the driver's lines: seconds from a node's removal to the loss of its worker being noticed,
+        and to the next worker placed (a replacement, or a start that was waiting for room)."""
+        for kill in trial.timings:
+            removed = kill.pop("removed_at")
+            added = kill.pop("added_at", None)
+            after = [(t - removed, text) for t, text in lines if t >= removed]
+            for slot in kill["slots"]:
+                gone = next((dt for dt, text in after if text.startswith(f"worker {slot} (Ray actor") and
+                             "is gone" in text), None)
+                if gone is not None:
+                    kill.setdefault("noticed_s", []).append(round(gone, 2))
+            placed = next((dt for dt, text in after if "replaces a lost worker" in text or "joining the run" in text),
+                          None)
+            if placed is not None:
+                kill["next_placed_s"] = round(placed, 2)
+                if added is not None:
+                    kill["node_added_s"] = round(added - removed, 2)
+            kill["waited_for_room"] = any("waits for room" in text for dt, text in after if dt < 30)
+
+    def _nodes_check(self, trial: Trial, folder: Path, state: dict[str, Any]) -> None:
+        store = folder / "store"
+        err = state["stderr"]
+        if state["code"] != 0 or "Traceback" in err:
+            trial.bad("job_completes", f"the job exited {state['code']}: {err[-800:]}")
+            t = time.monotonic()  # still check what it left, after a plain re-run
+            subprocess.run(self.nodes_argv(store), env=child_env(), capture_output=True, text=True, timeout=900,
+                           stdin=subprocess.DEVNULL, cwd=folder)
+            trial.resume_s += time.monotonic() - t
+        self._check_store(trial, store, state)
+
     # ------------------------------------------------------------------ the campaign
     targets = TARGETS  # per kind, cycled over its trials
 
@@ -775,14 +917,34 @@ def summarize(trials: list[Trial], kinds: list[str]) -> dict[str, Any]:
         targets = {}
         for target in TARGETS[kind]:
             these = [t for t in mine if t.target == target]
-            targets[target] = {"trials": len(these), "killed": sum(t.killed for t in these),
+            targets[target] = {"trials": len(these), "killed": sum(t.kills for t in these),
                                "in_window": sum(bool(t.hit) for t in these) if (kind, target) in WINDOWS else None}
         landed = Counter(label for t in mine if t.killed for label in t.landed)
         violations = {inv: sum(len(t.violations.get(inv, [])) for t in mine) for inv in APPLIES[kind]}
-        per_kind[kind] = {"trials": len(mine), "kills": sum(t.killed for t in mine), "targets": targets,
+        per_kind[kind] = {"trials": len(mine), "kills": sum(t.kills for t in mine), "targets": targets,
                           "landed": dict(sorted(landed.items())), "violations": violations,
                           "seconds": round(sum(t.seconds for t in mine), 1)}
+        if kind == "nodes":
+            per_kind[kind]["timings"] = node_timings([k for t in mine for k in t.timings])
     return per_kind
+
+
+def node_timings(kills: list[dict[str, Any]]) -> dict[str, Any]:
+    """Seconds from a node's removal to its worker's loss noticed by the driver, and to the next worker placed."""
+    import statistics
+
+    def spread(values: list[float]) -> str:
+        if not values:
+            return "n/a"
+        values = sorted(values)
+        return (f"median {statistics.median(values):.2f} s, min {values[0]:.2f}, max {values[-1]:.2f} "
+                f"({len(values)})")
+
+    noticed = [v for k in kills for v in k.get("noticed_s", [])]
+    placed = [k["next_placed_s"] for k in kills if "next_placed_s" in k]
+    return {"noticed": spread(noticed), "next_placed": spread(placed),
+            "node_added": spread([k["node_added_s"] for k in kills if "node_added_s" in k]),
+            "waited_for_room": sum(bool(k.get("waited_for_room")) for k in kills), "kills": len(kills)}
 
 
 def render(summary: dict[str, Any], kinds: list[str]) -> str:
@@ -794,6 +956,11 @@ def render(summary: dict[str, Any], kinds: list[str]) -> str:
                              else f"{t}: {v['killed']}/{v['trials']} killed" for t, v in s["targets"].items())
         landed = ", ".join(f"{k} {v}" for k, v in s["landed"].items())
         lines.append(f"| {kind} | {s['trials']} | {s['kills']} | {targeted} | {landed} |")
+    if "nodes" in summary:
+        t = summary["nodes"]["timings"]
+        lines += ["", f"node kills: loss noticed by the driver {t['noticed']}; next worker placed {t['next_placed']}"
+                      f" after the removal (node re-added {t['node_added']} after it); the job said it waits for "
+                      f"room after {t['waited_for_room']} of {t['kills']} kills"]
     return "\n".join(lines + [""] + invariant_table(summary, kinds, INVARIANTS, "trials"))
 
 
@@ -819,11 +986,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="resume export and daemon with the CLI too (slower: each pays the lerobot import)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep every trial's folder")
+    parser.add_argument("--nodes", type=int, default=2,
+                        help="nodes kind: Ray nodes of one CPU besides the head (the job runs nodes+1 workers)")
+    parser.add_argument("--node-kills", default="2-4", metavar="LOW-HIGH",
+                        help="nodes kind: node removals per trial, drawn uniformly in this range")
     args = parser.parse_args(argv)
+    try:
+        low, high = (int(x) for x in args.node_kills.split("-"))
+        assert 1 <= low <= high and args.nodes >= 1
+    except (ValueError, AssertionError):
+        parser.error(f"--node-kills takes LOW-HIGH with 1 <= LOW <= HIGH, and --nodes >= 1 "
+                     f"(got {args.node_kills!r}, {args.nodes})")
+    args.node_kills = (low, high)
     args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     unknown = [k for k in args.kinds if k not in TARGETS]
     if unknown or not args.kinds or args.trials < 1:
-        parser.error(f"--kinds takes generate, export, daemon (got {args.kinds}); --trials must be >= 1")
+        parser.error(f"--kinds takes generate, export, daemon, nodes (got {args.kinds}); --trials must be >= 1")
     started = time.monotonic()
     campaign = Campaign(args)
     try:
@@ -833,9 +1011,11 @@ def main(argv: list[str] | None = None) -> int:
         if campaign.live is not None and campaign.live.poll() is None:
             campaign.live.kill()
             campaign.live.wait()
+        if campaign.cluster is not None:
+            campaign.cluster.close()
     summary = summarize(trials, args.kinds)
     total = sum(len(m) for t in trials for m in t.violations.values())
-    kills = sum(t.killed for t in trials)
+    kills = sum(t.kills for t in trials)
     print()
     print(render(summary, args.kinds))
     print(f"\n{len(trials)} trials, {kills} kills, {total} violations, {time.monotonic() - started:.0f} s "

@@ -6,7 +6,8 @@ worker processes on this machine (``process``) or Ray actors across machines (``
 - :mod:`.driver`: the driver side: leases episodes from the planner, feeds pieces into the write stage and
   re-runs the attempts of a lost worker;
 - :mod:`.process_backend` / :mod:`.process_main`: worker processes over a socket pair;
-- :mod:`.ray_backend`: Ray actors with streaming generators.
+- :mod:`.ray_backend`: Ray actors with streaming generators; :mod:`.ray_auth`: joining a cluster with token
+  authentication or without, as the cluster requires.
 
 The write -> commit half, the store and its guarantees are the same for every executor.
 """

@@ -13,7 +13,7 @@ except ImportError:  # pragma: no cover - depends on the merge order
     from demoforge.pipeline.executor import EpisodeAssignment
 
 __all__ = ["EXECUTORS", "EpisodeAssignment", "ExecutorConfig", "ExecutorError", "ExecutorUnavailableError",
-           "RayUnreachableError", "WorkerStartError", "WorkersLostError"]
+           "NoWorkersError", "RayAuthenticationError", "RayUnreachableError", "WorkerStartError", "WorkersLostError"]
 
 
 class ExecutorError(RuntimeError):
@@ -28,12 +28,20 @@ class RayUnreachableError(ExecutorError):
     """``--ray-address`` names no reachable Ray cluster."""
 
 
+class RayAuthenticationError(RayUnreachableError):
+    """The cluster uses token authentication and this machine has no token, or not the cluster's."""
+
+
 class WorkerStartError(ExecutorError):
-    """A worker could not start: its task cannot be imported or built there, or it was never placed."""
+    """A worker could not start: its task cannot be imported or built there, or it died while starting."""
 
 
 class WorkersLostError(RuntimeError):
     """Workers kept dying; the job stops (committed episodes are kept, re-run to resume)."""
+
+
+class NoWorkersError(WorkersLostError):
+    """No worker runs and none could be started (placed) within the start timeout; the job stops."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,9 @@ class ExecutorConfig:
     cpus_per_worker: float = 1.0
     max_in_flight: int = 4
     batch_frames: int = 16
-    start_timeout_s: float = 180.0  # a worker that is not ready by then (not placed, stuck importing) fails the job
+    # With no worker running for this long (none placed, or every worker lost and none replaced) the job stops.
+    # While one worker runs, a start that waits for room in the cluster is no error: it joins when placed.
+    start_timeout_s: float = 180.0
     connect_timeout_s: float = 15.0
 
     def __post_init__(self) -> None:
@@ -59,6 +69,10 @@ class ExecutorConfig:
         for name, (value, lo, hi) in checks.items():
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise ExecutorError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+        if not isinstance(self.start_timeout_s, (int, float)) or isinstance(self.start_timeout_s, bool) \
+                or not 0 < self.start_timeout_s <= 86_400:
+            raise ExecutorError(f"the worker start timeout (--start-timeout) must be in (0, 86400] seconds, got "
+                                f"{self.start_timeout_s!r}")
         if not isinstance(self.cpus_per_worker, (int, float)) or isinstance(self.cpus_per_worker, bool) \
                 or not 0 < self.cpus_per_worker <= 1024:
             raise ExecutorError(f"cpus_per_worker must be in (0, 1024], got {self.cpus_per_worker!r}")

@@ -17,12 +17,15 @@ worker. Waiting for the discard matters: the re-run writes to the same staging f
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
+from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from demoforge.pipeline.contract import EpisodeResult, TerminalReason
@@ -31,10 +34,14 @@ from demoforge.pipeline.records import AttemptEnded, AttemptKey, AttemptStarted,
     StagedAttempt
 from demoforge.pipeline.tasks.registry import TaskInfo, get_task
 from demoforge.pipeline.workers.config import EpisodeAssignment, ExecutorConfig, ExecutorError, \
-    ExecutorUnavailableError, WorkersLostError
+    ExecutorUnavailableError, NoWorkersError, WorkersLostError, WorkerStartError
 from demoforge.pipeline.workers.episode_worker import Piece, WorkerSpec, interrupted_result, task_modules_for
 from demoforge.pipeline.workers.process_backend import ProcessBackend, WorkerLost
 from demoforge.stages.step import StepTimeoutError
+
+UNPLACED_NOTICE_S = 2.0  # a start still unplaced then and a second later is said to wait for room
+STARVED_NOTICE_S = 10.0  # no worker running for this long: one line (the job stops at --start-timeout)
+START_RETRY_S = 1.0  # pause before a slot whose worker failed to start tries again
 
 
 class WorkerHandle(Protocol):
@@ -43,6 +50,10 @@ class WorkerHandle(Protocol):
 
     @property
     def name(self) -> str: ...
+
+    async def ready(self) -> None: ...  # until started; WorkerStartError if it cannot; cancelling cancels the start
+
+    async def unplaced(self) -> str | None: ...  # why it still waits for room in the cluster; None once placed
 
     def pieces(self, lease: EpisodeAssignment) -> AsyncIterator[Piece]: ...  # raises WorkerLost when it dies
 
@@ -56,9 +67,20 @@ class Backend(Protocol):
 
     async def connect(self) -> str: ...
 
-    async def start_worker(self, slot: int, spec: WorkerSpec) -> WorkerHandle: ...
+    async def start_worker(self, slot: int, spec: WorkerSpec) -> WorkerHandle: ...  # begun, not ready
+
+    async def lacks_room(self) -> str | None: ...  # what the cluster lacks for one more worker; None: room
 
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class WorkerCount:
+    """Remote workers running now, the most the job runs at once (``--workers``), and how many were lost."""
+
+    running: int
+    wanted: int
+    lost: int
 
 
 def make_backend(config: ExecutorConfig) -> Backend:
@@ -77,8 +99,9 @@ class LeaseBroker:
     """Hands out work: re-runs of lost attempts first, then the planner's assignments.
 
     It takes an assignment from the planner only while a worker is asking, so the planner's rendezvous
-    semantics (no offer left waiting in a queue) hold. ``None`` means no more work: the plan has ended, no
-    re-run is pending and none can still appear."""
+    semantics (no offer left waiting in a queue) hold. ``None`` means no more work: the job was stopped, or
+    the plan has ended and no lease runs, no re-run is queued and none can still appear (a lease that runs
+    may yet lose its worker and come back as a re-run)."""
 
     def __init__(self, receive: MemoryObjectReceiveStream[EpisodeAssignment], stop: threading.Event) -> None:
         self._receive = receive
@@ -86,6 +109,7 @@ class LeaseBroker:
         self.retries: deque[EpisodeAssignment] = deque()
         self.held: deque[EpisodeAssignment] = deque()
         self.pending = 0  # lost attempts whose discard has not completed yet
+        self.leased = 0  # leases a worker is running now
         self.plan_done = False
         self.asking = 0
         self._changed = anyio.Event()
@@ -93,6 +117,16 @@ class LeaseBroker:
     def wake(self) -> None:
         self._changed.set()
         self._changed = anyio.Event()
+
+    @property
+    def finished(self) -> bool:
+        if self._stop.is_set():
+            return self.leased == 0
+        return self.plan_done and not (self.pending or self.leased or self.retries or self.held)
+
+    async def wait_finished(self) -> None:
+        while not self.finished:
+            await self._changed.wait()
 
     async def run(self) -> None:
         async with self._receive:
@@ -109,21 +143,26 @@ class LeaseBroker:
                 self.wake()
 
     async def request(self) -> EpisodeAssignment | None:
+        """The next lease for a worker (count it done with :meth:`release`), or None: no more work."""
         self.asking += 1
         self.wake()
         try:
             while True:
                 if self._stop.is_set():
                     return None
-                if self.retries:
-                    return self.retries.popleft()
-                if self.held:
-                    return self.held.popleft()
-                if self.plan_done and self.pending == 0:
+                if self.retries or self.held:
+                    self.leased += 1
+                    return (self.retries or self.held).popleft()
+                if self.finished:
                     return None
                 await self._changed.wait()
         finally:
             self.asking -= 1
+
+    def release(self) -> None:
+        """A lease has ended: its records are forwarded, or its lost worker's attempt is handed back."""
+        self.leased -= 1
+        self.wake()
 
     def rerun(self, assignment: EpisodeAssignment) -> None:
         self.retries.append(assignment)
@@ -157,11 +196,19 @@ class _Lease:
 
 
 class RemoteExecutor:
-    """Runs a job's env workers remotely. Start it (workers ready, or a clear error) before the store is
-    opened; :meth:`run` is the stage; :meth:`attempt_outcome` is called by the commit stage's callback."""
+    """Runs a job's env workers remotely, up to ``config.workers`` at once. :meth:`started` connects and
+    starts them (its body runs once one is ready, before the store is opened); :meth:`run` is the stage;
+    :meth:`attempt_outcome` is called by the commit stage's callback.
+
+    Elastic: every worker slot starts a worker, serves leases until the worker is lost, and starts another.
+    A start that waits for room in the cluster is no error while another worker runs (the job carries on
+    with fewer and says so; the worker joins when the cluster places it, such as when a node joins). With no
+    worker running for ``start_timeout_s`` the job stops (:class:`NoWorkersError`). The stage ends as soon as
+    no more work can appear; leaving :meth:`started` cancels the starts still waiting."""
 
     def __init__(self, config: ExecutorConfig, spec: JobSpec, info: TaskInfo,
-                 on_event: Callable[[str], None] | None = None) -> None:
+                 on_event: Callable[[str], None] | None = None,
+                 on_workers: Callable[[WorkerCount], None] | None = None) -> None:
         if spec.num_envs != 1:
             raise ExecutorError(f"--num-envs {spec.num_envs} applies to the thread executor; the {config.kind} "
                                 "executor runs one env per worker: use more workers instead")
@@ -173,32 +220,41 @@ class RemoteExecutor:
                                fps=info.fps, batch_frames=config.batch_frames,
                                task_modules=task_modules_for(get_task(spec.task)))
         self.on_event = on_event or (lambda _line: None)
-        self.workers: dict[int, WorkerHandle] = {}
+        self.on_workers = on_workers or (lambda _count: None)
+        self.workers: dict[int, WorkerHandle] = {}  # the ready ones, by slot
         self.losses = 0
         self.max_losses = 3 * config.workers + 3
         self._awaiting_discard: dict[AttemptKey, EpisodeAssignment] = {}
         self._broker: LeaseBroker | None = None
+        self._send: MemoryObjectSendStream[Any] | None = None
+        self._stop: threading.Event | None = None
         self._stopping = False
+        self._serving = anyio.Event()  # run() has begun: ready workers take leases
+        self._first_ready = anyio.Event()
+        self._tg: TaskGroup | None = None
         # No piece for this long from a worker that has room to send one: its env hangs (see _serve).
         self._piece_timeout_s = None if spec.step_timeout_s is None else spec.step_timeout_s + 5.0
 
     # ------------------------------------------------------------------------------ start / close
-    async def start(self) -> None:
-        """Connect the backend and start every worker (concurrently); raises a clear error on failure."""
-        detail = await self.backend.connect()
-        self.on_event(f"executor {self.config.kind}: {detail}")
+    @asynccontextmanager
+    async def started(self) -> AsyncIterator[RemoteExecutor]:
+        """Connect the backend and start the worker slots; the body runs once a worker is ready (or a clear
+        error is raised: a worker that cannot start, no worker placed in time). Leaving it cancels any start
+        still waiting and closes every worker."""
         try:
+            detail = await self.backend.connect()
+            self.on_event(f"executor {self.config.kind}: {detail}")
+            self._publish()
             async with anyio.create_task_group() as tg:
+                self._tg = tg
                 for slot in range(self.config.workers):
-                    tg.start_soon(self._start_slot, slot)
-        except BaseException:
+                    tg.start_soon(self._slot, slot)
+                tg.start_soon(self._watch_starved)
+                await self._first_ready.wait()
+                yield self
+                tg.cancel_scope.cancel()  # the job is over: starts still waiting for room are cancelled
+        finally:
             await self.aclose()
-            raise
-
-    async def _start_slot(self, slot: int) -> None:
-        worker = await self.backend.start_worker(slot, _with_worker(self.spec, slot))
-        self.workers[slot] = worker
-        self.on_event(f"{worker.name} ready on {worker.host}")
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -209,17 +265,117 @@ class RemoteExecutor:
             self.workers.clear()
             await self.backend.aclose()
 
+    def _publish(self) -> None:
+        self.on_workers(WorkerCount(running=len(self.workers), wanted=self.config.workers, lost=self.losses))
+
+    def _running(self) -> str:
+        return f"{len(self.workers)} of {self.config.workers} worker(s) running"
+
+    async def _slot(self, slot: int) -> None:
+        """One place for a worker: start one, serve leases until it is lost, start another; ends with the job."""
+        replacing = False
+        while True:
+            worker = await self._start(slot, replacing)
+            if worker is None:  # it could not start; counted as a loss, tried again
+                continue
+            await self._serving.wait()
+            if not await self._serve(slot, worker) or self._stopping:
+                return
+            replacing = True
+
+    async def _start(self, slot: int, replacing: bool) -> WorkerHandle | None:
+        worker = await self.backend.start_worker(slot, _with_worker(self.spec, slot))
+        notice = anyio.CancelScope()
+        assert self._tg is not None
+        self._tg.start_soon(self._say_if_unplaced, slot, worker, notice)
+        try:
+            await worker.ready()
+        except WorkerStartError as exc:
+            with anyio.CancelScope(shield=True):
+                await worker.aclose()
+            if not self._first_ready.is_set():
+                raise  # nothing runs yet: the job cannot start (the store is not touched)
+            self._count_loss(str(exc), f"{exc}; the job carries on ({self._running()}) and tries again")
+            await anyio.sleep(START_RETRY_S)
+            return None
+        finally:
+            notice.cancel()
+        self.workers[slot] = worker
+        self._publish()
+        if replacing:
+            self.on_event(f"{worker.name} replaces a lost worker, on {worker.host} ({self._running()})")
+        else:
+            joins = ", joining the run" if self._serving.is_set() else ""
+            self.on_event(f"{worker.name} ready on {worker.host}{joins} ({self._running()})")
+        self._first_ready.set()
+        return worker
+
+    async def _say_if_unplaced(self, slot: int, worker: WorkerHandle, scope: anyio.CancelScope) -> None:
+        """One line when a start waits for room in the cluster while other workers run (again if their number
+        changes). Unplaced on two checks in a row: a worker process that is only slow to start looks unplaced
+        for a moment. With no worker running, :meth:`_watch_starved` speaks instead."""
+        with scope:
+            said_for: int | None = None  # how many workers ran when the last line was printed
+            streak = 0
+            await anyio.sleep(UNPLACED_NOTICE_S - 1.0)
+            while True:
+                await anyio.sleep(1.0)
+                why = await worker.unplaced() if self.workers else None
+                streak = streak + 1 if why is not None else 0
+                if streak >= 2 and len(self.workers) != said_for:
+                    said_for = len(self.workers)
+                    self.on_event(f"worker {slot} waits for room: {why}; the job carries on with {self._running()} "
+                                  "and starts it when the cluster has room")
+
+    async def _watch_starved(self) -> None:
+        """No worker running for ``start_timeout_s`` while work remains: stop with a clear error (exit 1).
+        Says so once when none has run for ``STARVED_NOTICE_S``."""
+        since = time.monotonic()
+        said = False
+        while True:
+            await anyio.sleep(0.2)
+            broker = self._broker
+            if self.workers or self._stopping or (broker is not None and broker.finished):
+                since, said = time.monotonic(), False
+                continue
+            if not said and time.monotonic() - since >= STARVED_NOTICE_S:
+                said = True
+                self.on_event(f"no worker runs yet{await self._room()}; the job stops if none has started within "
+                              f"{self.config.start_timeout_s:g} s (--start-timeout)")
+            if time.monotonic() - since < self.config.start_timeout_s:
+                continue
+            room = await self._room()
+            limit = f"{self.config.start_timeout_s:g} s (--start-timeout)"
+            if not self._serving.is_set():
+                raise NoWorkersError(f"no worker could be started within {limit}{room}. Nothing was written; "
+                                     "give the cluster room (or lower --cpus-per-worker) and run the command again")
+            raise NoWorkersError(f"every worker was lost and none could be started again within {limit}{room}. "
+                                 "Committed episodes are kept: re-run the same command to resume.")
+
+    async def _room(self) -> str:
+        why = await self.backend.lacks_room()
+        return f": {why}" if why else ""
+
+    def _count_loss(self, why: str, line: str | None = None) -> None:
+        self.losses += 1
+        self._publish()
+        if line is not None:
+            self.on_event(line)
+        if self.losses > self.max_losses:
+            raise WorkersLostError(f"{self.losses} workers were lost (the last: {why}); stopping. Committed "
+                                   "episodes are kept: re-run the same command to resume.")
+
     # ------------------------------------------------------------------------------ the stage
     async def run(self, assignments: MemoryObjectReceiveStream[EpisodeAssignment], send: MemoryObjectSendStream[Any],
                   stop: threading.Event) -> None:
         broker = self._broker = LeaseBroker(assignments, stop)
-        async with send, anyio.create_task_group() as outer:
-            outer.start_soon(broker.run)
-            outer.start_soon(self._watch_stop, stop, broker)
-            async with anyio.create_task_group() as slots:
-                for slot in list(self.workers):
-                    slots.start_soon(self._serve, slot, broker, send, stop)
-            outer.cancel_scope.cancel()
+        self._send, self._stop = send, stop
+        async with send, anyio.create_task_group() as tg:
+            tg.start_soon(broker.run)
+            tg.start_soon(self._watch_stop, stop, broker)
+            self._serving.set()
+            await broker.wait_finished()  # the slots serve the leases; pending starts do not hold the job up
+            tg.cancel_scope.cancel()
 
     async def _watch_stop(self, stop: threading.Event, broker: LeaseBroker) -> None:
         """``stop()`` ends in-flight attempts now: kill the workers; their attempts end as interrupted."""
@@ -230,13 +386,14 @@ class RemoteExecutor:
             worker.kill()
         broker.wake()
 
-    async def _serve(self, slot: int, broker: LeaseBroker, send: MemoryObjectSendStream[Any],
-                     stop: threading.Event) -> None:
-        worker = self.workers[slot]
+    async def _serve(self, slot: int, worker: WorkerHandle) -> bool:
+        """Leases for one worker until no work is left (False) or the worker is lost (True)."""
+        broker, send, stop = self._broker, self._send, self._stop
+        assert broker is not None and send is not None and stop is not None
         while True:
             lease = await broker.request()
             if lease is None:
-                return
+                return False
             state = _Lease(lease, lease.first_attempt)
             try:
                 pieces = worker.pieces(lease)
@@ -258,17 +415,14 @@ class RemoteExecutor:
             except WorkerLost as exc:
                 if not state.hung:
                     await self._lost(worker, state, str(exc), send, broker)
-                await worker.aclose()
                 del self.workers[slot]
-                if self._stopping or stop.is_set():
-                    return
-                self.losses += 1
-                if self.losses > self.max_losses:
-                    raise WorkersLostError(f"{self.losses} workers were lost (the last: {exc}); stopping. Committed "
-                                           "episodes are kept: re-run the same command to resume.") from None
-                worker = await self.backend.start_worker(slot, _with_worker(self.spec, slot))
-                self.workers[slot] = worker
-                self.on_event(f"{worker.name} replaces a lost worker, on {worker.host}")
+                self._publish()
+                await worker.aclose()
+                if not (self._stopping or stop.is_set()):
+                    self._count_loss(str(exc))
+                return True
+            finally:
+                broker.release()
 
     async def _lost(self, worker: WorkerHandle, state: _Lease, why: str, send: MemoryObjectSendStream[Any],
                     broker: LeaseBroker) -> None:

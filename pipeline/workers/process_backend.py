@@ -23,9 +23,10 @@ class ProcessWorker:
     """Driver-side handle of one worker process."""
 
     def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket, conn: Connection, slot: int,
-                 limiter: anyio.CapacityLimiter) -> None:
+                 limiter: anyio.CapacityLimiter, spec: WorkerSpec, max_in_flight: int) -> None:
         self.proc, self._sock, self._conn, self.slot = proc, sock, conn, slot
         self._limiter = limiter
+        self._spec, self._max_in_flight = spec, max_in_flight
         self.pid: int | None = proc.pid
         self.host = socket.gethostname()
 
@@ -37,9 +38,16 @@ class ProcessWorker:
         try:
             return await anyio.to_thread.run_sync(self._conn.recv, abandon_on_cancel=True, limiter=self._limiter)
         except (EOFError, OSError) as exc:
-            code = self.proc.poll()
+            code = await anyio.to_thread.run_sync(self._exit_status, abandon_on_cancel=True)
             why = f"exit status {code}" if code is not None else f"link closed ({type(exc).__name__})"
             raise WorkerLost(f"{self.name} is gone: {why}") from None
+
+    def _exit_status(self) -> int | None:
+        """The exit status of a worker whose link just closed: it is usually exiting, give it a moment."""
+        try:
+            return self.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return None
 
     def _send(self, message: tuple) -> None:
         try:
@@ -47,19 +55,24 @@ class ProcessWorker:
         except OSError as exc:
             raise WorkerLost(f"{self.name} is gone: {type(exc).__name__}") from None
 
-    async def handshake(self, spec: WorkerSpec, max_in_flight: int, timeout_s: float) -> None:
-        self._send(("spec", spec, max_in_flight))
-        with anyio.move_on_after(timeout_s) as scope:
+    async def ready(self) -> None:
+        """Until the worker has built its env (no time limit here: the executor decides how long starts may
+        take while no worker runs). A failed or cancelled start leaves no process behind."""
+        try:
+            self._send(("spec", self._spec, self._max_in_flight))
             try:
                 message = await self._recv()
             except WorkerLost as exc:
                 raise WorkerStartError(f"{exc} before it was ready") from None
-        if scope.cancelled_caught:
-            self.kill()
-            raise WorkerStartError(f"{self.name} was not ready within {timeout_s:g} s")
-        if message[0] == "error":
-            self.kill()
-            raise WorkerStartError(message[1])
+            if message[0] == "error":
+                raise WorkerStartError(message[1])
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.aclose()
+            raise
+
+    async def unplaced(self) -> str | None:
+        return None  # a process runs at once: a slow start is only slow
 
     async def pieces(self, lease: EpisodeAssignment) -> AsyncIterator[Piece]:
         self._send(("lease", lease.episode_index, lease.first_attempt))
@@ -113,13 +126,11 @@ class ProcessBackend:
                                 pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL)
         child.close()
-        worker = ProcessWorker(proc, parent, Connection(os.dup(parent.fileno())), slot, self._limiter)
-        try:
-            await worker.handshake(spec, self.config.max_in_flight, self.config.start_timeout_s)
-        except BaseException:
-            await worker.aclose()
-            raise
-        return worker
+        return ProcessWorker(proc, parent, Connection(os.dup(parent.fileno())), slot, self._limiter, spec,
+                             self.config.max_in_flight)
+
+    async def lacks_room(self) -> str | None:
+        return None  # this machine always has room for another process; a slow start is only slow
 
     async def aclose(self) -> None:
         return None

@@ -2,8 +2,9 @@
 
 Ray is optional (``pip install 'demoforge[ray]'``) and imported only here, lazily. With no address the driver
 starts a local Ray (and shuts it down at the end); with ``auto`` or ``HOST:PORT`` it joins a running cluster
-(``ray start --head`` / ``ray start --address HEAD:6379``). Actors are owned by the driver: a driver that dies
-takes them with it. Each call's ``_generator_backpressure_num_objects`` bounds how many pieces an actor may
+(``ray start --head`` / ``ray start --address HEAD:6379``), with a token only if the cluster asks for one
+(:mod:`.ray_auth`). Actors are owned by the driver: a driver that dies takes them with it. An actor waits
+for room in the cluster as long as the executor lets it (it is created at once and placed by Ray). Each call's ``_generator_backpressure_num_objects`` bounds how many pieces an actor may
 produce ahead of the driver, so a slow writer slows the actors' envs.
 """
 
@@ -12,8 +13,8 @@ from __future__ import annotations
 import math
 import os
 import socket
-import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -22,10 +23,8 @@ from demoforge.pipeline.workers.config import EpisodeAssignment, ExecutorConfig,
     RayUnreachableError, WorkerStartError
 from demoforge.pipeline.workers.episode_worker import EpisodeWorker, Piece, WorkerSpec, format_exception
 from demoforge.pipeline.workers.process_backend import WorkerLost
+from demoforge.pipeline.workers.ray_auth import settle_auth
 
-AUTH_HINT = ("if the cluster uses token authentication (`ray start --head` turns it on since Ray 2.59), this "
-             "machine needs its token: run `ray get-auth-token` on the head and put the token in ~/.ray/auth_token "
-             "or RAY_AUTH_TOKEN here")
 INSTALL_HINT = "install it with: pip install 'demoforge[ray]' (on the driver and on every worker machine)"
 LOCAL_OBJECT_STORE_BYTES = 256 << 20  # pieces are small and bounded in number; Ray's default takes 30% of RAM
 
@@ -65,9 +64,9 @@ class RayEpisodeWorker:
 class RayWorker:
     """Driver-side handle of one actor."""
 
-    def __init__(self, ray: Any, actor: Any, slot: int, max_in_flight: int) -> None:
+    def __init__(self, ray: Any, actor: Any, slot: int, max_in_flight: int, cpus: float) -> None:
         self._ray, self.actor, self.slot = ray, actor, slot
-        self._max_in_flight = max_in_flight
+        self._max_in_flight, self._cpus = max_in_flight, cpus
         self.pid: int | None = None
         self.host = "?"
 
@@ -75,23 +74,41 @@ class RayWorker:
     def name(self) -> str:
         return f"worker {self.slot} (Ray actor, pid {self.pid})"
 
-    async def handshake(self, timeout_s: float) -> None:
+    async def ready(self) -> None:
+        """Until the actor is placed and has built its env. No time limit: the executor decides how long a
+        start may wait for room; a cancelled wait cancels the actor's creation."""
         ray = self._ray
-        with anyio.move_on_after(timeout_s) as scope:
-            try:
-                message = await self.actor.ready.remote()
-            except ray.exceptions.RayError as exc:
-                raise WorkerStartError(f"worker {self.slot} (Ray actor) died while starting: "
-                                       f"{_first_line(exc)}") from None
-        if scope.cancelled_caught:
-            self.kill()
-            raise WorkerStartError(
-                f"worker {self.slot} (Ray actor) was not ready within {timeout_s:g} s: the cluster may lack the CPUs "
-                "asked for (--cpus-per-worker x --workers), or the worker is stuck importing the task")
+        try:
+            message = await self.actor.ready.remote()
+        except ray.exceptions.RayError as exc:
+            why = await anyio.to_thread.run_sync(self._start_death, exc, abandon_on_cancel=True)
+            raise WorkerStartError(f"worker {self.slot} (Ray actor) died while starting: {why}") from None
+        except BaseException:
+            self.kill()  # cancelled (the job is over, or no worker could be placed): drop the pending actor
+            raise
         if message[0] == "error":
             self.kill()
             raise WorkerStartError(message[1])
         _, self.pid, self.host = message
+
+    async def unplaced(self) -> str | None:
+        """Why the actor still waits for a node (Ray gives it a process once placed), or None."""
+        ray = self._ray
+        info = await anyio.to_thread.run_sync(ray._private.state.actors, self.actor._actor_id.hex(),
+                                              abandon_on_cancel=True)
+        if info.get("Pid") or info.get("State") != "PENDING_CREATION":
+            return None
+        free, total = await anyio.to_thread.run_sync(_cpus, ray, abandon_on_cancel=True)
+        return f"the cluster has {free:g} of {total:g} CPUs free and a worker needs {self._cpus:g} (--cpus-per-worker)"
+
+    def _start_death(self, exc: BaseException) -> str:
+        """Ray's cause of death and, where the actor's log is on this machine, the last lines of its stderr."""
+        why = death_cause(exc)
+        try:
+            tail = actor_stderr_tail(self._ray, self.actor)
+        except Exception:  # the GCS is gone too, or the log is unreadable: the cause above is what we have
+            tail = []
+        return why + (f"; its stderr ended with: {' | '.join(tail)}" if tail else "")
 
     async def pieces(self, lease: EpisodeAssignment) -> AsyncIterator[Piece]:
         ray = self._ray
@@ -105,7 +122,7 @@ class RayWorker:
                 if piece.lease_done:
                     return
         except ray.exceptions.RayError as exc:
-            raise WorkerLost(f"{self.name} on {self.host} is gone: {_first_line(exc)}") from None
+            raise WorkerLost(f"{self.name} on {self.host} is gone: {death_cause(exc)}") from None
         raise WorkerLost(f"{self.name} on {self.host} ended episode {lease.episode_index} early")
 
     def kill(self) -> None:
@@ -128,8 +145,6 @@ class RayBackend:
         self._started_local = False
 
     async def connect(self) -> str:
-        if self.config.ray_address is not None and "ray" not in sys.modules:
-            use_cluster_token()  # before Ray reads its configuration from the environment
         ray = self._ray = import_ray()
         address = self.config.ray_address
         options: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": False}
@@ -141,28 +156,40 @@ class RayBackend:
             self._started_local = True
             where = f"a local Ray started by this run ({cpus} CPUs)"
         else:
-            if address != "auto":
-                await self._check_reachable(address)
+            gcs = await self._resolve(address)
+            limit = self.config.connect_timeout_s * 4
             try:
-                with anyio.fail_after(self.config.connect_timeout_s * 4):
-                    await anyio.to_thread.run_sync(lambda: ray.init(address=address, **options),
-                                                   abandon_on_cancel=True)
+                with anyio.fail_after(limit):
+                    auth = await anyio.to_thread.run_sync(settle_auth, ray, gcs, abandon_on_cancel=True)
+                    await anyio.to_thread.run_sync(lambda: ray.init(address=gcs, **options), abandon_on_cancel=True)
             except TimeoutError:
-                raise RayUnreachableError(f"joining the Ray cluster at {address} did not finish within "
-                                          f"{self.config.connect_timeout_s * 4:g} s") from None
+                raise RayUnreachableError(f"joining the Ray cluster at {address} did not finish within {limit:g} s") \
+                    from None
+            except RayUnreachableError:
+                raise
             except Exception as exc:
                 raise RayUnreachableError(f"cannot join a Ray cluster at {address}: {_first_line(exc)}. Start one "
                                           "with `ray start --head`, or leave --ray-address out to start a local "
-                                          f"Ray; {AUTH_HINT}") from None
-            where = f"the Ray cluster at {address}"
+                                          "Ray") from None
+            where = f"the Ray cluster at {address}, {auth.describe()}"
         resources = ray.cluster_resources()
         self._actor_class = ray.remote(num_cpus=self.config.cpus_per_worker, max_restarts=0,
                                        max_task_retries=0)(RayEpisodeWorker)
-        return (f"{self.config.workers} actor(s) of {self.config.cpus_per_worker:g} CPU on {where}; the cluster has "
-                f"{resources.get('CPU', 0):g} CPUs on {len(ray.nodes())} node(s)")
+        return (f"up to {self.config.workers} actor(s) of {self.config.cpus_per_worker:g} CPU on {where}; the "
+                f"cluster has {resources.get('CPU', 0):g} CPUs on {len(ray.nodes())} node(s)")
 
-    async def _check_reachable(self, address: str) -> None:
-        """A TCP connect to the head's GCS port first: an unreachable address fails in seconds, clearly."""
+    async def _resolve(self, address: str) -> str:
+        """HOST:PORT of the head's GCS: ``auto`` is looked up as Ray does; a TCP connect comes first, so an
+        unreachable address fails in seconds, clearly."""
+        if address == "auto":
+            from ray._private.services import canonicalize_bootstrap_address_or_die
+
+            try:
+                address = canonicalize_bootstrap_address_or_die("auto")
+            except Exception as exc:
+                raise RayUnreachableError(f"--ray-address auto found no Ray cluster on this machine "
+                                          f"({_first_line(exc)}); start one with `ray start --head` or give "
+                                          "HOST:PORT") from None
         host, sep, port = address.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise RayUnreachableError(f"Ray address {address!r} is not HOST:PORT or \"auto\"")
@@ -180,12 +207,19 @@ class RayBackend:
                 f"no Ray cluster is reachable at {address} ({reason} within {timeout:g} s). Start the head with "
                 "`ray start --head --port 6379` and give its HOST:PORT, or leave --ray-address out to start a local "
                 "Ray") from None
+        return address
 
     async def start_worker(self, slot: int, spec: WorkerSpec) -> RayWorker:
         actor = self._actor_class.options(name=None).remote(spec)
-        worker = RayWorker(self._ray, actor, slot, self.config.max_in_flight)
-        await worker.handshake(self.config.start_timeout_s)
-        return worker
+        return RayWorker(self._ray, actor, slot, self.config.max_in_flight, self.config.cpus_per_worker)
+
+    async def lacks_room(self) -> str | None:
+        """What the cluster lacks for one more worker, or None when it has the CPUs free."""
+        need = self.config.cpus_per_worker
+        free, total = await anyio.to_thread.run_sync(_cpus, self._ray, abandon_on_cancel=True)
+        if free >= need:
+            return None
+        return f"the cluster has {free:g} of {total:g} CPUs free and a worker needs {need:g} (--cpus-per-worker)"
 
     async def aclose(self) -> None:
         if self._started_local and self._ray is not None:
@@ -193,19 +227,35 @@ class RayBackend:
             self._started_local = False
 
 
-def use_cluster_token() -> None:
-    """Join a token-authenticated cluster with the token this machine has.
+def _cpus(ray: Any) -> tuple[float, float]:
+    """Free and total CPUs of the cluster (Ray leaves a resource out when none of it is free)."""
+    return ray.available_resources().get("CPU", 0.0), ray.cluster_resources().get("CPU", 0.0)
 
-    ``ray start --head`` turns token authentication on by default (Ray 2.59+) and saves the token in
-    ~/.ray/auth_token, but ``ray.init(address=...)`` sends it only when ``RAY_AUTH_MODE=token`` is set: without
-    it the driver retries for 20 s and fails with a bare ConnectionError. A cluster without authentication
-    accepts a driver that sends a token, so sending one whenever this machine has one is safe. An explicit
-    ``RAY_AUTH_MODE`` is left alone."""
-    if "RAY_AUTH_MODE" in os.environ:
-        return
-    token_file = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
-    if os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(token_file):
-        os.environ["RAY_AUTH_MODE"] = "token"
+
+def death_cause(exc: BaseException) -> str:
+    """Ray's error in one line with its cause ("The actor is dead because its node has died"), without the
+    id fields and the generic advice Ray appends."""
+    lines = str(exc).strip().splitlines()
+    causes = " ".join(line.strip() for line in lines[1:] if line.strip() and not line.startswith("\t"))
+    causes = causes.split(" Some common causes include")[0].strip()
+    return f"{_first_line(exc)}{' ' + causes if causes else ''}"
+
+
+def actor_stderr_tail(ray: Any, actor: Any, lines: int = 5) -> list[str]:
+    """The last lines the actor's process wrote to stderr, when its node's log folder is on this machine
+    (a local Ray, or a cluster node on the driver's machine); [] otherwise. Blocking (asks the GCS)."""
+    info = ray._private.state.actors(actor._actor_id.hex())
+    pid, node_id = info.get("Pid") or 0, (info.get("Address") or {}).get("NodeID")
+    if not pid or not node_id:
+        return []
+    for node in ray.nodes():
+        if node.get("NodeID") != node_id:
+            continue
+        logs = Path(node.get("RayletSocketName", "")).parent.parent / "logs"
+        for path in logs.glob(f"worker-*-{pid}.err"):
+            text = path.read_text(errors="replace").splitlines()
+            return [t.strip() for t in text if t.strip() and not t.startswith(":")][-lines:]
+    return []
 
 
 def _first_line(exc: BaseException) -> str:
