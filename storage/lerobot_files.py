@@ -89,8 +89,13 @@ class VideoFileWriter:
             # standalone file); shift so this episode's first frame is shown exactly at ``offset_s``.
             first_pts = min((p.pts for p in packets if p.pts is not None), default=0)
             shift = round(offset_s / in_stream.time_base) - first_pts
+            # A fragmented stream read front to back gives its packets no duration, and mp4 drops the last
+            # sample of a file whose last packet has none: every packet is one frame.
+            frame_ticks = round(1 / (self.fps * in_stream.time_base))
             count = 0
             for packet in packets:
+                if not packet.duration:
+                    packet.duration = frame_ticks
                 if packet.pts is not None:
                     packet.pts += shift
                     count += 1

@@ -37,6 +37,7 @@ refused (:class:`StagingFormatError`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -374,6 +375,10 @@ class StagedEpisode:
 
     def recorded_stats(self) -> EpisodeStats | None:
         """The statistics stored at commit, parsed (None before format 3); StagingCorruptError if unreadable."""
+        return self._parsed_stats
+
+    @functools.cached_property
+    def _parsed_stats(self) -> EpisodeStats | None:  # parsed once: verify checks it, export then reads it
         if self.stats is None:
             return None
         try:

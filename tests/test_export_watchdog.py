@@ -20,12 +20,18 @@ pytestmark = pytest.mark.slow
 GENERATE = ("generate", "--task", "toy-point", "--episodes", "2", "--codec", "h264", "--option", "steps=8")
 
 
-def test_generate_export_that_makes_no_progress_is_ended_with_its_stacks(tmp_path: Path) -> None:
+def generate_with_hung_export(tmp_path: Path, step: str):
+    """``generate --export`` whose export child hangs at ``step``; the watchdog's timeout is 8 s."""
     store, dataset = tmp_path / "store", tmp_path / "dataset"
-    result = run_cli(*GENERATE, "--store", str(store), "--export", str(dataset), "--export-timeout", "3",
-                     DEMOFORGE_EXPORT_HANG="after_videos")
+    result = run_cli(*GENERATE, "--store", str(store), "--export", str(dataset), "--export-timeout", "8",
+                     DEMOFORGE_EXPORT_HANG=step)
+    return result, store, dataset
+
+
+def test_generate_export_that_makes_no_progress_is_ended_with_its_stacks(tmp_path: Path) -> None:
+    result, store, dataset = generate_with_hung_export(tmp_path, "after_videos")
     assert result.returncode == 1, result.stderr
-    assert "the export was ended because it reported no progress for 3 s (last step: after_videos)" in result.stderr
+    assert "the export was ended because it reported no progress for 8 s (last step: after_videos)" in result.stderr
     assert "stays at its last published version and the store is intact" in result.stderr
     stacks = list(store.glob("export-stacks-*.txt"))
     assert len(stacks) == 1 and str(stacks[0]) in result.stderr
@@ -36,13 +42,12 @@ def test_generate_export_that_makes_no_progress_is_ended_with_its_stacks(tmp_pat
 
 
 def test_export_that_published_but_does_not_exit_is_ended_and_counts(tmp_path: Path) -> None:
-    store, dataset = tmp_path / "store", tmp_path / "dataset"
-    # It hangs after publishing, before the catalog records the export: the grace period (at most the timeout).
-    result = run_cli(*GENERATE, "--store", str(store), "--export", str(dataset), "--export-timeout", "3",
-                     DEMOFORGE_EXPORT_HANG="before_catalog")
+    # It hangs after publishing, before the catalog records the export: ended after the grace period (at most
+    # the timeout).
+    result, store, dataset = generate_with_hung_export(tmp_path, "before_catalog")
     assert result.returncode == 0, result.stderr
     assert "exported 2 episode(s)" in result.stdout
-    assert "it published version v000001 but did not exit within 3 s" in result.stdout
+    assert "it published version v000001 but did not exit within 8 s" in result.stdout
     assert os.readlink(dataset).endswith("v000001") and validate_dataset(dataset).status == 0
     again = run_cli("export", "--store", str(store), "--out", str(dataset), "--json")
     report = json.loads(again.stdout.strip().splitlines()[-1])
@@ -51,7 +56,7 @@ def test_export_that_published_but_does_not_exit_is_ended_and_counts(tmp_path: P
 
 def test_daemon_ends_a_stalled_export_and_retries_it_on_schedule(tmp_path: Path) -> None:
     job, _port = write_job(tmp_path, every=2, step_sleep=0.02, extra="")
-    job.write_text(job.read_text().replace("every_seconds = 600", "every_seconds = 600\nprogress_timeout_seconds = 3"))
+    job.write_text(job.read_text().replace("every_seconds = 600", "every_seconds = 600\nprogress_timeout_seconds = 8"))
     dataset = tmp_path / "dataset"
     proc = start(job, DEMOFORGE_EXPORT_HANG="after_videos", DEMOFORGE_EXPORT_HANG_ONCE=str(tmp_path / "hung-once"))
     try:
@@ -64,7 +69,7 @@ def test_daemon_ends_a_stalled_export_and_retries_it_on_schedule(tmp_path: Path)
     log = daemon_events(err)
     stalled = [e for e in log if e["event"] == "export_stalled"]
     assert len(stalled) == 1 and stalled[0]["published"] is False, err
-    assert "no progress for 3 s (last step: after_videos)" in stalled[0]["reason"]
+    assert "no progress for 8 s (last step: after_videos)" in stalled[0]["reason"]
     assert "faults.py" in stalled[0]["stacks"] and Path(stalled[0]["stacks_file"]).exists()
     failed = [e for e in log if e["event"] == "export_failed"]
     assert failed and failed[0]["child"].startswith("ended by the watchdog") and "retried" in failed[0]["note"]
