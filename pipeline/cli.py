@@ -277,7 +277,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not report.complete:
         out.print(f"re-run the same command to resume: {report.target - report.committed_total} episode(s) to go")
     elif args.export is not None:
-        return _export_in_child(args.store, args.export, args.repo_id)
+        return _export_in_child(args.store, args.export, args.repo_id, args.export_timeout)
     return EXIT_OK if report.complete or report.interrupted else EXIT_FAIL
 
 
@@ -289,21 +289,34 @@ def _workers_note(report: Any) -> str:
     return f"; workers lost: {count.lost}, {count.running} of {count.wanted} running at the end"
 
 
-def _export_in_child(store: Path, out: Path, repo_id: str | None) -> int:
-    """``generate --export``: the export runs as a child process (its memory is returned when it ends)."""
-    import subprocess
+def _export_in_child(store: Path, out: Path, repo_id: str | None, progress_timeout_s: float) -> int:
+    """``generate --export``: the export runs as a watched child process (its memory is returned when it ends;
+    one that stops making progress is ended, pipeline/export_child.py). Its own output is shown as it comes."""
+    import anyio
 
-    from demoforge.pipeline.export_child import PARENT_ENV, export_argv
+    from demoforge.pipeline.export_child import export_in_child
 
-    code = subprocess.run(export_argv(store, out, repo_id, json_report=False), check=False,
-                          env={**os.environ, PARENT_ENV: str(os.getpid())}).returncode
-    if code < 0:
-        _console(stderr=True).print(f"demoforge generate: error: the export process was killed (signal {-code}); "
-                                    f"the dataset {out} stays at its last published version and the store is "
-                                    f"intact; run `demoforge export --store {store} --out {out}` to retry",
-                                    markup=False)
+    outcome = anyio.run(lambda: export_in_child(store, out, repo_id, progress_timeout_s=progress_timeout_s,
+                                                capture_output=False))
+    err = _console(stderr=True)
+    retry = f"run `demoforge export --store {store} --out {out}` to retry"
+    if outcome.stalled is not None:
+        where = f"; its threads' stacks are in {outcome.stacks}" if outcome.stacks else ""
+        if outcome.ok:
+            report = outcome.report or {}
+            _console().print(f"exported {report.get('exported')} episode(s) to {out} (version {report.get('version')}); "
+                             f"the dataset now holds {report.get('total_episodes')} episodes. The export process was "
+                             f"ended because {outcome.stalled}{where}", markup=False)
+            return EXIT_OK
+        err.print(f"demoforge generate: error: the export was ended because {outcome.stalled}{where}. The dataset "
+                  f"{out} stays at its last published version and the store is intact; {retry} (--export-timeout "
+                  "sets how long an export may go without progress)", markup=False)
         return EXIT_FAIL
-    return code
+    if outcome.returncode < 0:
+        err.print(f"demoforge generate: error: the export process was {outcome.exit_text()}; the dataset {out} "
+                  f"stays at its last published version and the store is intact; {retry}", markup=False)
+        return EXIT_FAIL
+    return outcome.returncode
 
 
 # -------------------------------------------------------------------------------------------- status
@@ -340,21 +353,43 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 # -------------------------------------------------------------------------------------------- export
-def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: bool = False) -> int:
+def _report_fields(report: Any) -> dict[str, Any]:  # an ExportReport as the one JSON line of `export --json`
+    return {"dataset": str(report.dataset), "version": report.version, "exported": report.exported,
+            "total_episodes": report.total_episodes, "total_frames": report.total_frames,
+            "quarantined": report.quarantined, "reconciled": report.reconciled,
+            "pruned_elsewhere": list(report.pruned_elsewhere), "removed_by_edit": len(report.removed_by_edit),
+            "elapsed_s": round(report.elapsed_s, 3)}
+
+
+def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: bool = False,
+            channel: Any = None) -> int:
+    """``channel``: a watching parent's (pipeline/export_child.py ``ChildChannel``), told of every step."""
     from demoforge.pipeline.faults import export_pause
     from demoforge.storage.lerobot_export import export_stores
 
     console = _console(stderr=True)
-    report = export_stores(stores, out, repo_id=repo_id, stage_pause=export_pause(),
-                          progress=lambda done, total: console.print(f"exported {done}/{total}")
-                          if console.is_terminal or done == total or done % 50 == 0 else None)
-    if json_report:  # one line, read by the daemon (pipeline/export_child.py)
-        print(json.dumps({"dataset": str(report.dataset), "version": report.version, "exported": report.exported,
-                          "total_episodes": report.total_episodes, "total_frames": report.total_frames,
-                          "quarantined": report.quarantined, "reconciled": report.reconciled,
-                          "pruned_elsewhere": list(report.pruned_elsewhere),
-                          "removed_by_edit": len(report.removed_by_edit),
-                          "elapsed_s": round(report.elapsed_s, 3)}))
+    fault = export_pause()
+
+    def step(name: str) -> None:  # tests pause or hang an export at its steps
+        if channel is not None:
+            channel.event("step", step=name)
+        if fault is not None:
+            fault(name)
+
+    def progress(done: int, total: int) -> None:
+        if channel is not None:
+            channel.event("episode", done=done, total=total)
+        if console.is_terminal or done == total or done % 50 == 0:
+            console.print(f"exported {done}/{total}")
+
+    report = export_stores(stores, out, repo_id=repo_id, stage_pause=step, progress=progress,
+                          on_published=None if channel is None else
+                          lambda r: channel.event("published", **_report_fields(r)))
+    if channel is not None:
+        channel.event("report", **_report_fields(report))
+    if json_report:  # one line, for scripts (a watched export child also reports on its channel)
+        print(json.dumps(_report_fields(report)))
+        step("after_report")
         return EXIT_OK
     out_console = _console()
     if report.pruned_elsewhere:
@@ -373,14 +408,18 @@ def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: boo
     else:
         out_console.print(f"nothing new to export; {out} holds {report.total_episodes} episodes, "
                           f"{report.total_frames} frames")
+    step("after_report")
     return EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from demoforge.pipeline.export_child import die_with_parent
+    from demoforge.pipeline.export_child import ChildChannel
 
-    die_with_parent()  # only when started as a daemon's (or generate's) export child
-    return _export(args.store, args.out, args.repo_id, json_report=args.json)
+    channel = ChildChannel.from_environment()  # only when started as a daemon's (or generate's) export child
+    code = _export(args.store, args.out, args.repo_id, json_report=args.json, channel=channel)
+    if channel is not None:
+        channel.exit(code)  # a finished child leaves at once (pipeline/export_child.py says why)
+    return code
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -682,6 +721,7 @@ def _finish_help(parser: argparse.ArgumentParser, sub: argparse._SubParsersActio
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from demoforge.pipeline.export_child import DEFAULT_PROGRESS_TIMEOUT_S
     from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED
     from demoforge.pipeline.tasks.registry import DEFAULT_TASK
 
@@ -751,6 +791,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json-logs", action="store_true",
                    help="also print one JSON line per committed episode on stderr, once it is durable "
                         "(event episode_committed: episode, index, frames)")
+    p.add_argument("--export-timeout", type=float, default=DEFAULT_PROGRESS_TIMEOUT_S, metavar="SECONDS",
+                   help="end the export (--export) when it reports no progress for this long: it exits with "
+                        "status 1 and the dataset keeps its last published version")
     p.set_defaults(fn=cmd_generate)
 
     p = sub.add_parser("export", help="write committed, not yet exported episodes into a LeRobot v3.0 dataset")

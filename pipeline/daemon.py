@@ -124,7 +124,13 @@ class GenerationDaemon:
             return
         # A child process: the export's memory is returned when it ends, and its crash is not the daemon's.
         # DEMOFORGE_EXPORT_PAUSE (fault injection, tools/crash_campaign.py) reaches it through the environment.
-        outcome = await export_in_child(self.config.store, self.config.export_dir, self.config.repo_id)
+        outcome = await export_in_child(self.config.store, self.config.export_dir, self.config.repo_id,
+                                        progress_timeout_s=self.config.export_progress_timeout_seconds)
+        if outcome.stalled is not None:
+            self.log.emit("export_stalled", why=why, reason=outcome.stalled, published=outcome.ok,
+                          stacks_file=outcome.stacks, stacks=outcome.stack_text.strip(),
+                          note="the export child was ended after its threads' stacks were dumped; "
+                               + ("its publish counts" if outcome.ok else "retried at the next export"))
         if not outcome.ok:
             self.metrics.export_failures.inc()
             self.log.emit("export_failed", why=why, child=outcome.exit_text(), error=outcome.error,

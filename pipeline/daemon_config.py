@@ -25,6 +25,7 @@ class DaemonConfig:
     export_dir: Path | None = None
     export_every_episodes: int = 50
     export_every_seconds: float = 600.0
+    export_progress_timeout_seconds: float = 600.0
     repo_id: str | None = None
     prune_after_export: bool = False
     metrics_host: str = "127.0.0.1"
@@ -56,7 +57,9 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
     "store": {"dir": ((str,), "staging store directory")},
     "export": {"dir": ((str,), "LeRobot dataset directory"), "every_episodes": ((int,), "episodes between exports"),
                "every_seconds": ((int, float), "seconds between exports"), "repo_id": ((str,), "dataset repo id"),
-               "prune": ((bool,), "delete the staged data of exported episodes after each export")},
+               "prune": ((bool,), "delete the staged data of exported episodes after each export"),
+               "progress_timeout_seconds": ((int, float), "end an export that reports no progress for this long "
+                                                          "(default 600); it is retried at the next export")},
     "metrics": {"address": ((str,), "HOST:PORT for Prometheus metrics, or \"off\"")},
     "disk": {"min_free_mb": ((int,), "pause generation below this free space"),
              "check_seconds": ((int, float), "how often free space is checked")},
@@ -141,6 +144,7 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
     disk = raw.get("disk", {})
     numbers = {"export.every_episodes": export.get("every_episodes", 50),
                "export.every_seconds": export.get("every_seconds", 600.0),
+               "export.progress_timeout_seconds": export.get("progress_timeout_seconds", 600.0),
                "disk.min_free_mb": disk.get("min_free_mb", 1024),
                "disk.check_seconds": disk.get("check_seconds", 5.0),
                "shutdown.deadline_seconds": raw.get("shutdown", {}).get("deadline_seconds", 60.0)}
@@ -159,6 +163,7 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
         export_dir=resolve(export["dir"]) if "dir" in export else None,
         export_every_episodes=int(numbers["export.every_episodes"]),
         export_every_seconds=float(numbers["export.every_seconds"]), repo_id=export.get("repo_id"),
+        export_progress_timeout_seconds=float(numbers["export.progress_timeout_seconds"]),
         prune_after_export=bool(export.get("prune", False)),
         metrics_host=host or "127.0.0.1", metrics_port=port, min_free_mb=int(numbers["disk.min_free_mb"]),
         disk_check_seconds=float(numbers["disk.check_seconds"]),

@@ -27,10 +27,32 @@ def stage_delays(spec: str | None = None) -> Mapping[str, float]:
     return delays
 
 
+EXPORT_STEPS = ("after_links", "after_videos", "after_data", "before_fsync", "before_publish", "before_catalog",
+                "after_catalog", "after_report")
+
+
 def export_pause() -> Callable[[str], None] | None:
-    """``DEMOFORGE_EXPORT_PAUSE=seconds`` sleeps at each step of an export, so a kill can land inside it."""
+    """``DEMOFORGE_EXPORT_PAUSE=seconds`` sleeps at each step of an export, so a kill can land inside it.
+
+    ``DEMOFORGE_EXPORT_HANG=STEP`` blocks the export forever at that step (a hung export, for the export
+    watchdog's tests); with ``DEMOFORGE_EXPORT_HANG_ONCE=FILE`` only while FILE does not exist (the hang creates
+    it), so the next export runs through."""
     raw = os.environ.get("DEMOFORGE_EXPORT_PAUSE")
-    if not raw:
+    seconds = float(raw) if raw else 0.0
+    hang_at = os.environ.get("DEMOFORGE_EXPORT_HANG") or None
+    if hang_at is not None and hang_at not in EXPORT_STEPS:
+        raise ValueError(f"DEMOFORGE_EXPORT_HANG names unknown step {hang_at!r}; steps: {', '.join(EXPORT_STEPS)}")
+    once = os.environ.get("DEMOFORGE_EXPORT_HANG_ONCE")
+    if not seconds and hang_at is None:
         return None
-    seconds = float(raw)
-    return lambda _step: time.sleep(seconds)
+
+    def pause(step: str) -> None:
+        if seconds:
+            time.sleep(seconds)
+        if step == hang_at and not (once and os.path.exists(once)):
+            if once:
+                open(once, "w").close()
+            while True:
+                time.sleep(3600)
+
+    return pause

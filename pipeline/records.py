@@ -148,12 +148,24 @@ class EncodedFrame:
     video: Mapping[str, bytes]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class CameraTail:
+    """What one camera's encoder hands over when its attempt ends: the bytes it flushed and LeRobot's
+    statistics of the attempt's frames (``storage/lerobot_stats.py``: per channel min, max, mean, std, count,
+    quantiles; numpy arrays by name)."""
+
+    data: bytes
+    stats: Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True, eq=False)
 class VideoTail:
-    """The bytes each camera's encoder flushed when its attempt ended (committable attempts only)."""
+    """The bytes each camera's encoder flushed when its attempt ended, and each camera's frame statistics
+    (committable attempts only)."""
 
     key: AttemptKey
     video: Mapping[str, bytes]
+    stats: Mapping[str, Mapping[str, np.ndarray]] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- after the write stage

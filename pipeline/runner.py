@@ -228,7 +228,7 @@ class JobRunner:
                                 cameras=info.cameras, send_batch=max(1, q // 4)))
                     tg.start_soon(lambda: encode_stage(step_recv, enc_send, cameras=info.cameras, fps=info.fps,
                                                        settings=spec.video, delay_s=delays.get("encode", 0.0),
-                                                       busy=stats.busy))
+                                                       busy=stats.busy, stats_dir=self.store_dir))
                 tg.start_soon(lambda: write_stage(enc_recv, write_send, staging=store.staging,
                                                   catalog=store.catalog, delay_s=delays.get("write", 0.0),
                                                   busy=stats.busy))

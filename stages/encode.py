@@ -4,12 +4,17 @@ The bytes flow on to the write stage; nothing is re-encoded later (export remuxe
 its own encoders, keyed by attempt, so a discarded attempt's video is dropped with it and can never leak
 into another episode. Each camera is encoded by its own long-lived thread (PyAV releases the GIL while it
 encodes), fed through a bounded queue: see stages/encode_lanes.py.
+
+The encoders of a recorded attempt also keep the pixels LeRobot's episode statistics could sample
+(:class:`RecordingEncoder`); when the attempt ends, each camera hands over its last bytes with its statistics
+(``storage/sampled_frames.py``), which are committed with the episode, so export never decodes video.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import av
@@ -18,9 +23,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from demoforge.pipeline.job import VideoSettings
 from demoforge.pipeline.malloc import make_uninitialized_reads_deterministic
-from demoforge.pipeline.records import AttemptEnded, EncodedFrame, Frame, Record, VideoTail
+from demoforge.pipeline.records import AttemptEnded, CameraTail, EncodedFrame, Frame, Record, VideoTail
 from demoforge.pipeline.tasks.registry import CameraSpec
 from demoforge.storage import depth as depth_video
+from demoforge.storage.sampled_frames import SampledFrames
 from demoforge.storage.schema import DepthVideoIdentity
 from demoforge.stages.encode_lanes import LaneSet
 from demoforge.stages.halves import run_halves
@@ -143,6 +149,37 @@ def make_encoder(camera: CameraSpec, fps: int, settings: VideoSettings,
     return DepthEncoder(camera, fps, depth) if camera.is_depth else CameraEncoder(camera, fps, settings)
 
 
+class RecordingEncoder:
+    """A camera's encoder for a recorded attempt: each frame is encoded and its pixels that LeRobot's episode
+    statistics could sample are kept (in a temporary file under ``stats_dir``); :meth:`finish` hands over the
+    last bytes and the statistics of the attempt's frames, computed once its length is known."""
+
+    def __init__(self, encoder: CameraEncoder, stats_dir: Path | None = None) -> None:
+        self.camera = encoder.camera
+        self._encoder = encoder
+        self._frames = SampledFrames(encoder.camera, stats_dir)
+
+    def encode(self, image: np.ndarray) -> bytes:
+        data = self._encoder.encode(image)  # checks the frame's shape first
+        self._frames.add(image)
+        return data
+
+    def finish(self) -> CameraTail:
+        try:
+            return CameraTail(self._encoder.finish(), self._frames.statistics())
+        finally:
+            self._frames.close()
+
+    def abort(self) -> None:
+        self._encoder.abort()
+        self._frames.close()
+
+
+def make_recording_encoder(camera: CameraSpec, fps: int, settings: VideoSettings,
+                           depth: DepthVideoIdentity | None = None,
+                           stats_dir: Path | None = None) -> RecordingEncoder:
+    """:func:`make_encoder`'s encoder, keeping what the attempt's frame statistics need."""
+    return RecordingEncoder(make_encoder(camera, fps, settings, depth), stats_dir)
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,19 +192,21 @@ class _FrameSlot:
 async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[Record], *,
                        cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings,
                        delay_s: float = 0.0, busy: dict[str, float] | None = None,
-                       lookahead: int = DEFAULT_LOOKAHEAD) -> None:
+                       lookahead: int = DEFAULT_LOOKAHEAD, stats_dir: Path | None = None) -> None:
     """Replace each frame's images by encoded bytes; flush or drop the encoders when an attempt ends.
 
     Each camera is encoded by its own lane thread (stages/encode_lanes.py), so cameras never wait for each
     other and frames reach the encoders without a thread hop each. Records leave in the order they came.
     At most ``lookahead`` (>= 2) records are taken in and not yet sent on, so a slow consumer stops the
-    stage from reading: backpressure and bounded memory as before.
+    stage from reading: backpressure and bounded memory as before. The frames kept for the statistics go to
+    temporary files in ``stats_dir`` (None: the system's temporary folder).
     """
     if lookahead < 2:
         raise ValueError(f"lookahead must be at least 2 records, got {lookahead}")
     busy = busy if busy is not None else {}
     specs = {c.name: c for c in cameras}
-    lanes = LaneSet({name: functools.partial(make_encoder, spec, fps, settings) for name, spec in specs.items()})
+    lanes = LaneSet({name: functools.partial(make_recording_encoder, spec, fps, settings, stats_dir=stats_dir)
+                     for name, spec in specs.items()})
     slots_send, slots_recv = anyio.create_memory_object_stream[Record | _FrameSlot](lookahead - 2)
 
     async def feed() -> None:
@@ -194,11 +233,13 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
                     if delay_s:
                         await anyio.sleep(delay_s)
                     await send.send(EncodedFrame(r.key, r.step, r.state, r.action, r.reward, r.annotations,
-                                                 {name: data or b"" for name, data in video.items()}))
+                                                 {name: data if isinstance(data, bytes) else b""
+                                                  for name, data in video.items()}))
                 elif isinstance(slot, AttemptEnded):
-                    tail = await lanes.next_result()
+                    ended = {n: t for n, t in (await lanes.next_result()).items() if isinstance(t, CameraTail)}
                     if slot.result.committable:
-                        await send.send(VideoTail(slot.key, {n: d for n, d in tail.items() if d is not None}))
+                        await send.send(VideoTail(slot.key, {n: t.data for n, t in ended.items()},
+                                                  {n: t.stats for n, t in ended.items()}))
                     await send.send(slot)
                 else:
                     await send.send(slot)

@@ -22,7 +22,7 @@ import anyio
 import anyio.from_thread
 import numpy as np
 
-from demoforge.pipeline.records import AttemptKey
+from demoforge.pipeline.records import AttemptKey, CameraTail
 
 
 class Encoder(Protocol):
@@ -30,7 +30,7 @@ class Encoder(Protocol):
 
     def encode(self, image: np.ndarray) -> bytes: ...
 
-    def finish(self) -> bytes: ...
+    def finish(self) -> CameraTail: ...
 
     def abort(self) -> None: ...
 
@@ -74,7 +74,7 @@ class _Lane:
         self._hub = hub
         self._inbox: deque[_Job] = deque()
         self._has_work = threading.Condition(hub.lock)
-        self.results: deque[bytes | None] = deque()
+        self.results: deque[bytes | CameraTail | None] = deque()
         self._encoders: dict[AttemptKey, Encoder] = {}
         self.busy_s = 0.0
         self._thread = threading.Thread(target=self._run, name=f"encode-{name}", daemon=True)
@@ -121,7 +121,7 @@ class _Lane:
                 encoder.abort()
             self._encoders.clear()
 
-    def _do(self, job: _Job) -> bytes | None:
+    def _do(self, job: _Job) -> bytes | CameraTail | None:
         if job.kind == "frame":
             encoder = self._encoders.get(job.key)
             if encoder is None:
@@ -168,7 +168,7 @@ class LaneSet:
                 lane.put(job)
             self._submitted += 1
 
-    async def next_result(self) -> dict[str, bytes | None]:
+    async def next_result(self) -> dict[str, bytes | CameraTail | None]:
         """The next job's result of every lane, in submission order; waits (for a batch) if not ready."""
         with self.lock:
             self._raise_if_failed()
@@ -206,7 +206,7 @@ class LaneSet:
             lane.join(timeout=60)  # a lane finishes the frame it is encoding, then stops
 
     # --------------------------------------------------------------------------------- lane side
-    def deliver(self, lane: _Lane, out: bytes | None) -> None:
+    def deliver(self, lane: _Lane, out: bytes | CameraTail | None) -> None:
         with self.lock:
             lane.results.append(out)
             if self._want is not None and self._ready() >= self._want:

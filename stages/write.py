@@ -6,16 +6,21 @@ chunks, an attempt's last chunks) runs in one I/O task, in issue order, fed thro
 ``io_queue`` jobs. So a slow disk or a slow array creation delays only that task, not the stage's intake,
 until the queue is full (backpressure as before; memory bounded by the queue: each job holds at most one
 chunk per array). Records leave the stage in the order they came.
+
+An attempt's last I/O job also stores its feature statistics (``EpisodeWriter.write_stats``: the numeric
+arrays' computed from what was staged, each camera's as its encoder's ``VideoTail`` brought them), so they
+are part of its content hash.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import anyio
+import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from demoforge.pipeline.records import (
@@ -29,7 +34,7 @@ from demoforge.pipeline.records import (
 )
 from demoforge.stages.halves import run_halves
 from demoforge.storage.catalog import Catalog
-from demoforge.storage.staging import EpisodeWriter, StagingStore
+from demoforge.storage.staging import ChunkWrites, EpisodeWriter, StagingStore
 
 #: Pending I/O jobs (attempt openings, chunk writes, attempt ends) before the stage stops taking records.
 DEFAULT_IO_QUEUE = 8
@@ -52,11 +57,18 @@ def _same(record: Record) -> Record:
     return record
 
 
+def _finish(writer: EpisodeWriter, last: ChunkWrites, cameras: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+    """A committable attempt's last I/O: its tail chunks, then its statistics."""
+    writer.write(last)
+    writer.write_stats(cameras)
+
+
 async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[Record | StagedAttempt],
                       *, staging: StagingStore, catalog: Catalog, delay_s: float = 0.0,
                       busy: dict[str, float] | None = None, io_queue: int = DEFAULT_IO_QUEUE) -> None:
     busy = busy if busy is not None else {}
     writers: dict[AttemptKey, EpisodeWriter] = {}
+    camera_stats: dict[AttemptKey, Mapping[str, Mapping[str, np.ndarray]]] = {}
     jobs_send, jobs_recv = anyio.create_memory_object_stream[_IoJob](max(0, io_queue - 1))
 
     async def intake() -> None:
@@ -88,14 +100,16 @@ async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryOb
                     writer = writers[record.key]
                     for camera, data in record.video.items():
                         writer.add_video(camera, data)
+                    camera_stats[record.key] = record.stats
                 elif isinstance(record, AttemptEnded):
                     writer = writers.pop(record.key)
+                    cameras = camera_stats.pop(record.key, {})
                     if record.result.committable:
                         if writer.frames != record.frames:
                             raise RuntimeError(f"{record.key.episode_id}: write stage saw {writer.frames} frames, "
                                                f"the executor emitted {record.frames}")
                         last = writer.take_all()
-                        await jobs_send.send(_IoJob(functools.partial(writer.write, last),
+                        await jobs_send.send(_IoJob(functools.partial(_finish, writer, last, cameras),
                                                     functools.partial(_staged, writer, record)))
                     else:
                         await jobs_send.send(_IoJob(result=functools.partial(StagedAttempt, record, {}, None)))

@@ -10,6 +10,7 @@ forgets whatever was not fsynced).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -65,3 +66,10 @@ def fsync_pool() -> ThreadPoolExecutor:
     if _FSYNC_POOL is None:
         _FSYNC_POOL = ThreadPoolExecutor(16, thread_name_prefix="fsync")
     return _FSYNC_POOL
+
+
+def fsync_all(files: Iterable[Path], dirs: Iterable[Path] = ()) -> None:
+    """fsync the files, then the folders, concurrently; every one has returned before this does."""
+    pool = fsync_pool()
+    list(pool.map(fsync_file, files))
+    list(pool.map(fsync_dir, dirs))

@@ -20,6 +20,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,15 +116,17 @@ def export_store(store_dir: Path | str, out: Path | str, **kwargs: Any) -> Expor
 
 def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str | None = None,
                   progress: Callable[[int, int], None] | None = None,
-                  stage_pause: Callable[[str], None] | None = None) -> ExportReport:
+                  stage_pause: Callable[[str], None] | None = None,
+                  on_published: Callable[[ExportReport], None] | None = None) -> ExportReport:
     """Export the committed, not yet exported episodes of every store in ``stores`` (in that order) into the
     dataset at ``out``, as one new version. Exactly once per (store id, staging episode).
 
     Every store's features (cameras and sizes, fps, state and action shapes, codec settings) must equal the
     others' and the dataset's; otherwise nothing is written and SchemaMismatchError names the difference.
     Safe while generate jobs write the stores: each is opened with ``open_store_updater`` (states only:
-    ``exported``, and ``quarantined`` for an episode that fails its checks). ``stage_pause(name)`` is a
-    fault-injection hook called between steps (tests kill the process there).
+    ``exported``, and ``quarantined`` for an episode that fails its checks). ``stage_pause(name)`` is called
+    between steps (a watching parent counts them as progress; tests kill the process there);
+    ``on_published(report)`` right after the new version is published, before the catalog records it.
     """
     started = time.monotonic()
     pause = stage_pause or (lambda _name: None)
@@ -158,22 +161,26 @@ def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str
             check_free_space(out, [row for _source, row in pending])  # before anything is written
             writer = _VersionWriter(target, marker, sources[0].fingerprint,
                                     repo_id or f"demoforge/{sources[0].fingerprint.task}", pause)
-            result = writer.write(_read_one_at_a_time(pending), len(pending), progress)
+            result = writer.write(_read_ahead(pending), len(pending), progress)
             if result is None:  # every pending episode failed its checks (or none was pending)
                 return ExportReport(out, target.current.name if target.current else None, 0,
                                     marker.total_episodes if marker else 0, marker.total_frames if marker else 0,
                                     writer.quarantined, reconciled, time.monotonic() - started, tuple(gone),
                                     tuple(edited_out))
             version, published = result
+            report = ExportReport(out, version, len(writer.exported), published.total_episodes,
+                                  published.total_frames, writer.quarantined, reconciled,
+                                  time.monotonic() - started, tuple(gone), tuple(edited_out))
+            if on_published is not None:
+                on_published(report)
             pause("before_catalog")
             for source in sources:
                 source.catalog.mark_exported({row.episode_id: idx for (src, row), idx
                                               in zip(writer.exported, writer.new_indices)
                                               if src is source and row.state == AttemptState.COMMITTED})
+            pause("after_catalog")
             prune_versions(target.versions, keep=KEEP_VERSIONS)
-            return ExportReport(out, version, len(writer.exported), published.total_episodes,
-                                published.total_frames, writer.quarantined, reconciled,
-                                time.monotonic() - started, tuple(gone), tuple(edited_out))
+            return dataclasses.replace(report, elapsed_s=time.monotonic() - started)
         finally:
             os.close(lock_fd)
 
@@ -243,17 +250,29 @@ def _reconcile(source: _Source, marker: ExportMarker | None) -> int:
     return len(pending)
 
 
-def _read_one_at_a_time(pending: Sequence[tuple[_Source, AttemptRow]]
-                        ) -> Iterator[tuple[_Source, AttemptRow, StagedEpisode | None]]:
-    """Each pending episode read and checked when the writer asks for it, so an export holds one episode's
-    data at a time whatever the number pending. A corrupt one is quarantined (yielded as None: never
-    exported)."""
-    for source, row in pending:
+def _read_ahead(pending: Sequence[tuple[_Source, AttemptRow]]
+                ) -> Iterator[tuple[_Source, AttemptRow, StagedEpisode | None]]:
+    """Each pending episode read and checked while the writer writes the one before it (one reading thread,
+    one episode ahead), so an export holds at most two episodes' data whatever the number pending. A
+    corrupt one is quarantined (yielded as None: never exported)."""
+    def read(source: _Source, row: AttemptRow) -> StagedEpisode | StagingCorruptError:
         try:
-            yield source, row, check_episode(source.staging, row, decode=False)
+            return check_episode(source.staging, row, decode=False)
         except StagingCorruptError as exc:
-            source.catalog.quarantine(row.episode_id, f"export: {exc}")
-            yield source, row, None
+            return exc
+
+    with ThreadPoolExecutor(1, thread_name_prefix="export-read") as reader:
+        ahead = reader.submit(read, *pending[0]) if pending else None
+        for i, (source, row) in enumerate(pending):
+            assert ahead is not None
+            got = ahead.result()
+            ahead = reader.submit(read, *pending[i + 1]) if i + 1 < len(pending) else None
+            if isinstance(got, StagingCorruptError):
+                source.catalog.quarantine(row.episode_id, f"export: {got}")  # the catalog: this thread only
+                yield source, row, None
+            else:
+                yield source, row, got
+            del got
 
 
 def estimate_export_bytes(rows: Sequence[AttemptRow]) -> int:
@@ -328,6 +347,7 @@ class _VersionWriter:
                                            if old else (0, 0), self.fps) for c in self.cameras}
         data = DataFileWriter(build, self.features, old.next_data if old else (0, 0))
         meta_rows: list[dict[str, Any]] = []  # small per-episode records (stats, indices): kept to the end
+        stats_cache: dict[tuple[str, bytes], Any] = {}
         sidecar: list[dict[str, Any]] = []
         frame = first_frame
         try:
@@ -346,7 +366,7 @@ class _VersionWriter:
                     task_index = tasks.setdefault(instruction, len(tasks))
                     spans = {name: writer.add(ep.video[name], frames) for name, writer in videos.items()}
                     cols = episode_frames(ep, index, frame, task_index, self.fps, record)
-                    stats = episode_stats(ep, cols, self.features, self.cameras, self.fp.depth_video)
+                    stats = episode_stats(ep, cols, self.cameras, self.fp.depth_video, stats_cache)
                     data_span = data.add(cols)
                     meta_rows.append({"episode_index": index, "tasks": [instruction], "length": frames,
                                       "dataset_from_index": frame, "dataset_to_index": frame + frames,

@@ -2,11 +2,14 @@
 (remuxed packets, never re-encoded), the data parquet files, the episode metadata, stats, tasks and info.
 
 What goes into a version, and in which order, is ``storage/lerobot_export.py``; the names and features of the
-format are ``storage/lerobot_format.py``. LeRobot's own helpers compute the stats and name the paths.
+format are ``storage/lerobot_format.py``. Per-episode statistics are read from staging (computed while the
+episode was recorded, ``storage/episode_stats.py``); LeRobot's ``aggregate_stats`` combines them, and its
+helpers name the paths.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,19 +20,28 @@ import numpy as np
 
 from demoforge.pipeline.contract import ANNOTATION_KEYS
 from demoforge.storage.depth import decode_codes, dequantize
+from demoforge.storage.episode_stats import EpisodeStats
 from demoforge.storage.lerobot_format import (
+    AUTOMATIC_COLUMNS,
     CHUNKS_SIZE,
     CODEBASE_VERSION,
     DATA_FILE_MB,
-    STATS_IMAGE_PX,
     VIDEO_FILE_MB,
     annotation_key,
     camera_key,
 )
+from demoforge.storage.lerobot_stats import FeatureStats, depth_stats, rgb_stats, sample_indices, strided, vector_stats
 from demoforge.storage.publish import ExportError, unlink_shared, write_json
 from demoforge.storage.schema import CameraSpec, DepthVideoIdentity
 from demoforge.storage.staging import StagedEpisode
 from demoforge.storage.video import decode_indices
+
+
+def import_libraries() -> None:
+    """Import what writing a version needs (torch comes with lerobot): seconds, once per process."""
+    import datasets  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+    from lerobot.datasets import compute_stats, feature_utils, io_utils, language, utils  # noqa: F401
 
 
 def next_file(chunk: int, file: int) -> tuple[int, int]:
@@ -61,6 +73,8 @@ class VideoFileWriter:
         src = av.open(io.BytesIO(data), mode="r")
         try:
             in_stream = src.streams.video[0]
+            if in_stream.time_base is None:
+                raise ExportError(f"{self.key}: a staged stream has no time base")
             if self._out is None:
                 path = self.build / DEFAULT_VIDEO_PATH.format(video_key=self.key, chunk_index=self.chunk,
                                                               file_index=self.file)
@@ -70,17 +84,18 @@ class VideoFileWriter:
                 self.files.append(path)
                 self._frames_in_file = self._bytes_in_file = 0
             offset_s = self._frames_in_file / self.fps
+            packets = [p for p in src.demux(in_stream) if p.dts is not None or p.pts is not None]
             # Encoders with frame reordering start presentation one frame late (an edit list hides it in a
             # standalone file); shift so this episode's first frame is shown exactly at ``offset_s``.
-            first_pts = min(p.pts for p in src.demux(in_stream) if p.pts is not None)
-            src.seek(0)
-            if in_stream.time_base is None:
-                raise ExportError(f"{self.key}: a staged stream has no time base")
+            first_pts = min((p.pts for p in packets if p.pts is not None), default=0)
             shift = round(offset_s / in_stream.time_base) - first_pts
+            # A fragmented stream read front to back gives its packets no duration, and mp4 drops the last
+            # sample of a file whose last packet has none: every packet is one frame.
+            frame_ticks = round(1 / (self.fps * in_stream.time_base))
             count = 0
-            for packet in src.demux(in_stream):
-                if packet.dts is None and packet.pts is None:
-                    continue
+            for packet in packets:
+                if not packet.duration:
+                    packet.duration = frame_ticks
                 if packet.pts is not None:
                     packet.pts += shift
                     count += 1
@@ -122,6 +137,7 @@ class DataFileWriter:
         self._tables: list[Any] = []  # add_table's episodes not written yet
         self._tables_bytes = 0
         self._file_bytes = 0
+        self._schema: Any = None
 
     def add(self, cols: dict[str, Any]) -> tuple[int, int]:
         """Queue one episode's columns; returns the (chunk, file) its rows go to."""
@@ -180,7 +196,9 @@ class DataFileWriter:
     def _flush(self) -> None:
         if not self._pending:
             return
-        table = _hf_table(self._pending, self.features)
+        if self._schema is None:
+            self._schema = data_schema(self.features)
+        table = _arrow_table(self._pending, self._schema)
         self._open(table.schema)
         start_row = 0
         for cols in self._pending:
@@ -225,20 +243,57 @@ def episode_frames(ep: StagedEpisode, index: int, first_frame: int, task_index: 
     return cols
 
 
-def _hf_table(rows: Sequence[Mapping[str, Any]], features: Mapping[str, dict]):
-    import datasets
-
-    datasets.disable_progress_bars()  # one bar per export would fill a daemon's log
+def data_schema(features: Mapping[str, dict]) -> Any:
+    """The arrow schema (with the ``huggingface`` features metadata) LeRobot's writer gives a data parquet:
+    ``datasets``' own mapping of the features."""
     from lerobot.datasets.feature_utils import get_hf_features_from_features
 
-    hf_features = get_hf_features_from_features({k: {**v, "shape": tuple(v["shape"])} for k, v in features.items()})
-    def column(value: Any, key: str) -> list[Any]:
-        if not isinstance(value, np.ndarray):
-            return list(value)
-        return (value.reshape(len(value)) if tuple(features[key]["shape"]) == (1,) else value).tolist()
+    return get_hf_features_from_features({k: {**v, "shape": tuple(v["shape"])} for k, v in features.items()}).arrow_schema
 
-    merged = {key: [v for r in rows for v in column(r[key], key)] for key in hf_features}
-    return datasets.Dataset.from_dict(merged, features=hf_features, split="train").with_format("arrow")[:]
+
+def _arrow_column(values: Any, typ: Any, rows: int) -> Any:
+    """One column of ``rows`` rows as arrow: numbers straight from numpy (a vector feature is a fixed-size
+    list), and a per-episode constant (the language columns: one list per frame, all equal) converted once
+    and repeated."""
+    import pyarrow as pa
+
+    if isinstance(values, np.ndarray):
+        if pa.types.is_fixed_size_list(typ):
+            inner = _arrow_column(values.reshape(-1, *values.shape[2:]), typ.value_type, len(values) * typ.list_size)
+            return pa.FixedSizeListArray.from_arrays(inner, type=typ)
+        return pa.array(values.reshape(rows), type=typ)
+    first = values[0] if rows else None
+    constant = all(v is first for v in values) or all(v == first for v in values)
+    # pyarrow converts Python values only to plain types: build with the extension types' storage (the JSON
+    # of ``tool_calls`` is text), then cast to the schema's types.
+    column = pa.array([first] if constant else list(values), type=_storage_type(typ)).cast(typ)
+    return column.take(pa.array(np.zeros(rows, dtype=np.int64))) if constant else column
+
+
+@functools.cache
+def _storage_type(typ: Any) -> Any:
+    """``typ`` with every extension type replaced by its storage type."""
+    import pyarrow as pa
+
+    if isinstance(typ, pa.BaseExtensionType):
+        return _storage_type(typ.storage_type)
+    if pa.types.is_struct(typ):
+        return pa.struct([f.with_type(_storage_type(f.type)) for f in typ])
+    if pa.types.is_large_list(typ):
+        return pa.large_list(typ.value_field.with_type(_storage_type(typ.value_type)))
+    if pa.types.is_list(typ):
+        return pa.list_(typ.value_field.with_type(_storage_type(typ.value_type)))
+    return typ
+
+
+def _arrow_table(rows: Sequence[Mapping[str, Any]], schema: Any) -> Any:
+    """Episodes' columns as one arrow table of ``schema``: built from the numpy arrays directly, which is what
+    ``datasets.Dataset.from_dict`` stores for them (a test compares the two), without its per-value Python
+    conversion."""
+    import pyarrow as pa
+
+    chunks = [[_arrow_column(r[field.name], field.type, len(r["index"])) for r in rows] for field in schema]
+    return pa.Table.from_arrays([pa.concat_arrays(c) for c in chunks], schema=schema)
 
 
 def _stats_columns(stats: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, Any]:
@@ -287,41 +342,52 @@ def write_episode_table(build: Path, table: Any, start: Sequence[int]) -> tuple[
     return next_file(chunk, file), [path]
 
 
-def episode_stats(ep: StagedEpisode, frames: Mapping[str, Any], features: Mapping[str, dict],
-                   cameras: Sequence[CameraSpec], depth: DepthVideoIdentity | None = None
-                   ) -> dict[str, dict[str, np.ndarray]]:
-    """Per-episode stats through lerobot's own helpers; camera stats from a sample of decoded frames (depth:
-    in metres, dequantized by lerobot, not divided by 255, as lerobot's writer keeps depth stats)."""
-    from lerobot.datasets.compute_stats import (
-        auto_downsample_height_width,
-        compute_episode_stats,
-        get_feature_stats,
-        sample_indices,
-    )
+def episode_stats(ep: StagedEpisode, frames: Mapping[str, Any], cameras: Sequence[CameraSpec],
+                  depth: DepthVideoIdentity | None = None, cache: dict[tuple[str, bytes], FeatureStats] | None = None
+                  ) -> dict[str, FeatureStats]:
+    """LeRobot's per-episode statistics of every feature of one exported episode, in feature order.
 
-    numeric = {k: np.asarray(v) for k, v in frames.items()
-               if features[k]["dtype"] not in ("video", "language", "string")}
-    numeric = {k: v.reshape(len(v)) if features[k]["shape"] == [1] else v for k, v in numeric.items()}
-    stats = compute_episode_stats(numeric, {k: {**features[k], "shape": tuple(features[k]["shape"])}
-                                            for k in numeric})
-    for camera in cameras:
-        wanted = sample_indices(len(ep.action))
-        if camera.is_depth:
-            assert depth is not None
-            found = {i: dequantize(codes, depth)[..., None]
-                     for i, codes in decode_codes(ep.video[camera.name], wanted).items()}
-        else:
-            found = decode_indices(ep.video[camera.name], wanted)
-        decoded = [found[int(i)] for i in sorted(set(int(i) for i in wanted)) if int(i) in found]
-        # Stride to ~64 px (LeRobot strides to ~150 px): pixel statistics barely move, and image stats were 95%
-        # of export time at 224x224 (tools/bench_export.py).
-        images = np.stack([auto_downsample_height_width(img.transpose(2, 0, 1), target_size=STATS_IMAGE_PX,
-                                                        max_size_threshold=2 * STATS_IMAGE_PX) for img in decoded])
-        per = get_feature_stats(images, axis=(0, 2, 3), keepdims=True)
-        scale = 1.0 if camera.is_depth else 255.0
-        stats[camera_key(camera.name)] = {k: v if k == "count" else np.squeeze(v / scale, axis=0)
-                                          for k, v in per.items()}
+    Episodes staged in format 3 carry them (computed while they were recorded); for older ones they are
+    computed now, the cameras' from the staged video. The automatic columns' (``timestamp``, ``index``, ...)
+    depend on where the episode lands in the dataset: computed here from ``frames``, the episode's columns
+    (``cache`` keeps those that depend only on the length, for the next episodes of an export)."""
+    recorded = ep.recorded_stats() or legacy_stats(ep, cameras, depth)
+    stats: dict[str, FeatureStats] = dict(recorded.state)
+    stats["action"] = recorded.action
+    stats["next.reward"] = recorded.reward
+    stats |= {annotation_key(k): v for k, v in recorded.annotations.items()}
+    for key in AUTOMATIC_COLUMNS:
+        values = np.asarray(frames[key])
+        if cache is None or key not in ("frame_index", "timestamp"):
+            stats[key] = vector_stats(values)
+        else:  # these depend only on the episode's length (and fps): once per length in an export
+            stats[key] = cache.get((key, values.tobytes())) or cache.setdefault((key, values.tobytes()),
+                                                                                vector_stats(values))
+    stats |= {camera_key(c.name): recorded.cameras[c.name] for c in cameras}
     return stats
+
+
+def legacy_stats(ep: StagedEpisode, cameras: Sequence[CameraSpec], depth: DepthVideoIdentity | None) -> EpisodeStats:
+    """The statistics of an episode staged before they were recorded (formats 1 and 2): the numeric arrays'
+    from the staged data, each camera's from LeRobot's frame sample decoded from the staged video (the only
+    copy of the frames left; depth dequantized to metres by LeRobot's ``dequantize_depth``)."""
+    length = len(ep.action)
+    wanted = sample_indices(length)
+    per_camera: dict[str, FeatureStats] = {}
+    for camera in cameras:
+        data = ep.video[camera.name]
+        if camera.is_depth:
+            if depth is None:
+                raise ExportError(f"camera {camera.name!r} is a depth camera but the job records no depth settings")
+            codes = decode_codes(data, wanted)
+            per_camera[camera.name] = depth_stats(np.stack([strided(dequantize(codes[i], depth)) for i in wanted]))
+        else:
+            decoded = decode_indices(data, wanted)
+            missing = sorted(set(wanted) - set(decoded))
+            if missing:
+                raise ExportError(f"camera {camera.name!r}: the staged video lacks frame(s) {missing[:5]}")
+            per_camera[camera.name] = rgb_stats(strided(decoded[i]) for i in wanted)
+    return EpisodeStats.compute(ep.state, ep.action, ep.reward, ep.annotations, per_camera)
 
 
 def write_stats_file(build: Path, new: Sequence[Mapping[str, Mapping[str, np.ndarray]]], has_old: bool) -> Path:

@@ -35,7 +35,8 @@ CODEBASE_VERSION = "v3.0"
 CHUNKS_SIZE = 1000
 DATA_FILE_MB = 100
 VIDEO_FILE_MB = 200
-STATS_IMAGE_PX = 64  # camera stats are computed on frames strided down to about this size
+#: LeRobot's automatic columns, after the features of a task (their statistics are computed at export).
+AUTOMATIC_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
 
 class MarkerError(ValueError):
@@ -113,9 +114,8 @@ def dataset_features(fingerprint: Fingerprint) -> dict[str, dict]:
                                              "names": ["height", "width", "channels"], "info": info}
     for key, ft in language_feature_info().items():
         features[key] = {**ft, "shape": list(ft["shape"])}
-    for key, dtype in (("timestamp", "float32"), ("frame_index", "int64"), ("episode_index", "int64"),
-                       ("index", "int64"), ("task_index", "int64")):
-        features[key] = {"dtype": dtype, "shape": [1], "names": None}
+    for key in AUTOMATIC_COLUMNS:
+        features[key] = {"dtype": "float32" if key == "timestamp" else "int64", "shape": [1], "names": None}
     return features
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from demoforge.storage.lerobot_format import INFO, MARKER, ExportMarker, MarkerError
 from demoforge.storage.locks import try_lock
 from demoforge.storage.paths import path_problem, short_path
-from demoforge.storage.durable import fsync_dir, fsync_file, make_dirs
+from demoforge.storage.durable import fsync_all, fsync_dir, fsync_file, make_dirs
 
 KEEP_VERSIONS = 2
 VERSIONS_SUFFIX = ".versions"
@@ -181,10 +181,7 @@ def publish_version(target: Published, build: Path, written: Iterable[Path],
     """fsync what was written and every folder, rename the build into place, swap the link. Returns the
     version's name. ``pause`` is the fault-injection hook (tests kill the process there)."""
     pause("before_fsync")
-    for path in written:
-        fsync_file(path)
-    for dirpath, _dirs, _files in os.walk(build):
-        fsync_dir(Path(dirpath))
+    fsync_all(written, [Path(dirpath) for dirpath, _dirs, _files in os.walk(build)])  # one batch for the version
     final = build.with_name(build.name.removesuffix(".partial"))
     os.rename(build, final)
     fsync_dir(target.versions)

@@ -1,8 +1,8 @@
 """Zarr staging: each attempt's numeric data and encoded camera streams, written in whole shards.
 
-Layout under ``STORE/staging.zarr`` (staging format 2)::
+Layout under ``STORE/staging.zarr`` (staging format 3)::
 
-    episodes/<episode_id>/                   group; attribute demoforge_staging_format = 2
+    episodes/<episode_id>/                   group; attributes demoforge_staging_format = 3, demoforge_stats
     episodes/<episode_id>/state.<feature>    (N, *shape) float32   shards of 1024 frames (16 chunks of 64)
     episodes/<episode_id>/action             (N, A) float32
     episodes/<episode_id>/reward             (N,) float32
@@ -24,37 +24,49 @@ of the data). The durable lengths (frames, video bytes) live in the catalog row 
 slice with them and never trust an array's shape. Every chunk carries a crc32c checksum (last codec) and so
 does every shard's index, so a flipped byte or a truncated shard fails loudly on read.
 
-Staging format 1 (no format attribute: ``state/<feature>``, ``video/<camera>``, unsharded 64-frame and 1 MiB
-chunks) is still read, so stores written before format 2 keep working; new episodes in them are written in
-format 2. A store whose catalog records a newer format than this code knows is refused
-(:class:`StagingFormatError`).
+Format 3 is format 2 plus the episode's feature statistics (``demoforge_stats``: LeRobot's min, max, mean,
+std, count and quantiles of every array and camera, ``storage/episode_stats.py``), written at the attempt's
+end and covered by its content hash, so export reads them instead of decoding video. An attempt is created
+in format 2 and becomes format 3 when its statistics are written (one atomic rewrite of its ``zarr.json``). Formats 1 (no format
+attribute: ``state/<feature>``, ``video/<camera>``, unsharded 64-frame and 1 MiB chunks) and 2 are still read,
+so older stores keep working (their episodes' statistics are computed when they are exported); new episodes
+in them are written in format 3. A store whose catalog records a newer format than this code knows is
+refused (:class:`StagingFormatError`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import json
 import os
 import re
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import zarr
+import zarr.api.asynchronous
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
+from zarr.core.sync import sync as zarr_sync
 
 from demoforge.pipeline.contract import ANNOTATION_KEYS
-from demoforge.storage.durable import fsync_dir, fsync_file, fsync_pool
+from demoforge.storage.durable import fsync_all, fsync_dir, fsync_file
+from demoforge.storage.episode_stats import EpisodeStats
 from demoforge.storage.errors import ReadOnlyError
+from demoforge.storage.lerobot_stats import json_digest
 from demoforge.storage.schema import CameraSpec, Fingerprint
 from demoforge.storage.write_errors import writing
 
 MAX_FRAMES = 1 << 31  # the nominal shape; only written chunks exist on disk
 MAX_VIDEO_BYTES = 1 << 46
-STAGING_FORMAT = 2  # what this code writes; it reads 1 and 2
+STAGING_FORMAT = 3  # what this code writes; it reads 1 to 3
+READS_FORMATS = (1, 2, 3)
 FORMAT_ATTRIBUTE = "demoforge_staging_format"
+STATS_ATTRIBUTE = "demoforge_stats"  # format 3: the episode's feature statistics
 SHARD_CHUNKS = 16  # chunks of ``chunk_frames`` rows per shard: 1024 frames, one shard for most episodes
 VIDEO_CHUNK_BYTES = 1 << 16  # 64 KiB: the most a video tail is padded
 VIDEO_SHARD_BYTES = 1 << 22  # 4 MiB per camera: the writer's buffer, and the file size of a long stream
@@ -235,14 +247,17 @@ class EpisodeWriter:
                                                for camera in layout.camera_names}
         self.frames = 0
         self.created = False
+        self._group: zarr.Group | None = None
+        self._stats_digest: str | None = None
 
     def create(self) -> None:
         """Create the attempt's arrays (blocking I/O); before any :meth:`write`."""
         if self.path.exists():
             raise FileExistsError(f"staged data for {self.episode_id} already exists at {self.path}")
         with writing(f"the staging folder of episode {self.episode_id}", self.path):
-            group = self._root.create_group(f"{EPISODES_DIR}/{self.episode_id}",
-                                            attributes={FORMAT_ATTRIBUTE: STAGING_FORMAT})
+            # Format 2 until write_stats() adds the statistics (one rewrite of the group's zarr.json, atomic).
+            group = self._root.create_group(f"{EPISODES_DIR}/{self.episode_id}", attributes={FORMAT_ATTRIBUTE: 2})
+            self._group = group
             c = self.layout.chunk_frames
             for name, buf in self._numeric.items():
                 shape, dtype = self._shapes[name]
@@ -306,10 +321,30 @@ class EpisodeWriter:
         """The byte length of each camera stream handed out for writing."""
         return {camera: stream.written for camera, stream in self._video.items()}
 
+    def write_stats(self, cameras: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """Store the episode's feature statistics with it (blocking I/O, after its last :meth:`write`): those of
+        the numeric arrays computed from what was staged (read back), ``cameras``' from their encoders."""
+        assert self._group is not None, "EpisodeWriter.create() must run before write_stats()"
+        missing = sorted(set(self.layout.camera_names) - set(cameras))
+        if missing:
+            raise ValueError(f"episode {self.episode_id}: no frame statistics for camera(s) {missing}")
+        with writing(f"the statistics of episode {self.episode_id}", self.path):
+            staged = {name: np.asarray(buf.array[:self.frames]) for name, buf in self._numeric.items()
+                      if buf.array is not None}
+            stats = EpisodeStats.compute({f: staged[f"state/{f}"] for f in self.layout.state_shapes},
+                                         staged["action"], staged["reward"], staged["annotations"],
+                                         {c: dict(cameras[c]) for c in self.layout.camera_names})
+            record = stats.to_json()
+            self._group.update_attributes({FORMAT_ATTRIBUTE: STAGING_FORMAT, STATS_ATTRIBUTE: record})
+        self._stats_digest = json_digest(record)
+
     def content_hash(self) -> str:
-        """A digest of everything written, per array; :meth:`StagedEpisode.content_hash` recomputes it."""
+        """A digest of everything written, per array, and of the statistics; :meth:`StagedEpisode.content_hash`
+        recomputes it."""
         digests = {name: buf.hash.hexdigest() for name, buf in self._numeric.items()}
         digests |= {f"video/{camera}": stream.hash.hexdigest() for camera, stream in self._video.items()}
+        if self._stats_digest is not None:
+            digests["stats"] = self._stats_digest
         return combine_digests(digests)
 
     def buffered_bytes(self) -> int:
@@ -318,13 +353,15 @@ class EpisodeWriter:
 
 @dataclass(frozen=True)
 class StagedEpisode:
-    """A committed episode read back: arrays sliced to the catalog's durable counts."""
+    """A committed episode read back: arrays sliced to the catalog's durable counts, and (format 3) its
+    statistics record as stored (``storage/episode_stats.py``; None for episodes staged before format 3)."""
 
     state: dict[str, np.ndarray]
     action: np.ndarray
     reward: np.ndarray
     annotations: np.ndarray
     video: dict[str, bytes]
+    stats: Mapping[str, object] | None = None
 
     def content_hash(self) -> str:
         arrays = {f"state/{k}": v for k, v in self.state.items()}
@@ -332,7 +369,22 @@ class StagedEpisode:
         digests = {name: hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).hexdigest()
                    for name, a in arrays.items()}
         digests |= {f"video/{c}": hashlib.blake2b(data, digest_size=16).hexdigest() for c, data in self.video.items()}
+        if self.stats is not None:
+            digests["stats"] = json_digest(self.stats)
         return combine_digests(digests)
+
+    def recorded_stats(self) -> EpisodeStats | None:
+        """The statistics stored at commit, parsed (None before format 3); StagingCorruptError if unreadable."""
+        return self._parsed_stats
+
+    @functools.cached_property
+    def _parsed_stats(self) -> EpisodeStats | None:  # parsed once: verify checks it, export then reads it
+        if self.stats is None:
+            return None
+        try:
+            return EpisodeStats.from_json(self.stats)
+        except ValueError as exc:
+            raise StagingCorruptError(f"the stored statistics cannot be read: {exc}") from None
 
 
 def combine_digests(digests: Mapping[str, str]) -> str:
@@ -415,51 +467,55 @@ class StagingStore:
             for dirpath, _dirnames, filenames in os.walk(path):
                 files.extend(Path(dirpath) / name for name in filenames)
                 dirs.append(Path(dirpath))
-            pool = fsync_pool()
-            list(pool.map(fsync_file, files))
-            list(pool.map(fsync_dir, dirs))
+            fsync_all(files, dirs)
             fsync_dir(path.parent)
             fsync_dir(self.path)
 
-    def episode_format(self, episode_id: str) -> int:
-        """The staging format of one staged episode (1 when the group has no format attribute)."""
+    def _attributes(self, episode_id: str) -> tuple[int, dict]:
+        """The staging format of one staged episode (1 when the group has no format attribute) and its group
+        attributes."""
         try:
             attrs = json.loads((self.episode_path(episode_id) / "zarr.json").read_text()).get("attributes", {})
         except (OSError, ValueError) as exc:
             raise StagingCorruptError(f"episode {episode_id}: group metadata cannot be read ({exc})") from exc
         staging_format = attrs.get(FORMAT_ATTRIBUTE, 1)
-        if staging_format not in (1, STAGING_FORMAT):
+        if staging_format not in READS_FORMATS:
             raise StagingFormatError(f"episode {episode_id} is in staging format {staging_format!r}; this demoforge "
-                                     f"reads formats 1 and {STAGING_FORMAT}: use a newer demoforge")
-        return int(staging_format)
+                                     f"reads formats 1 to {STAGING_FORMAT}: use a newer demoforge")
+        return int(staging_format), attrs
+
+    def episode_format(self, episode_id: str) -> int:
+        """The staging format of one staged episode (1 when the group has no format attribute)."""
+        return self._attributes(episode_id)[0]
 
     def read_episode(self, episode_id: str, frames: int, video_bytes: Mapping[str, int]) -> StagedEpisode:
         """Read a committed episode back, verifying every chunk's checksum."""
-        staging_format = self.episode_format(episode_id)
+        staging_format, attrs = self._attributes(episode_id)
+        stats = attrs.get(STATS_ATTRIBUTE)
+        if staging_format >= 3 and not isinstance(stats, dict):
+            raise StagingCorruptError(f"episode {episode_id}: its statistics ({STATS_ATTRIBUTE}) are missing")
 
-        def path(name: str) -> str:
-            return array_path(name, staging_format)
-
+        numeric = [f"state/{f}" for f in self.layout.state_shapes] + ["action", "reward", "annotations"]
+        wanted = {array_path(name, staging_format): frames for name in numeric}
+        wanted |= {array_path(f"video/{c}", staging_format): video_bytes[c] for c in self.layout.camera_names}
         try:
-            group = zarr.open_group(str(self.episode_path(episode_id)), mode="r")
-            state = {f: np.asarray(group[path(f"state/{f}")][:frames]) for f in self.layout.state_shapes}
-            action = np.asarray(group["action"][:frames])
-            reward = np.asarray(group["reward"][:frames])
-            annotations = np.asarray(group["annotations"][:frames])
-            video = {c: np.asarray(group[path(f"video/{c}")][:video_bytes[c]]).tobytes()
-                     for c in self.layout.camera_names}
+            got = zarr_sync(_read_arrays(self.episode_path(episode_id), wanted))
         except (ValueError, KeyError, FileNotFoundError, OSError) as exc:
             raise StagingCorruptError(f"episode {episode_id}: {type(exc).__name__}: {exc}") from exc
+        values = [got[array_path(name, staging_format)] for name in numeric]
+        state = dict(zip(self.layout.state_shapes, values[:-3]))
+        action, reward, annotations = values[-3:]
+        video = {c: got[array_path(f"video/{c}", staging_format)].tobytes() for c in self.layout.camera_names}
         self._check_chunks_exist(episode_id, frames, video_bytes, staging_format)
-        return StagedEpisode(state, action, reward, annotations, video)
+        return StagedEpisode(state, action, reward, annotations, video, stats if staging_format >= 3 else None)
 
     def _check_chunks_exist(self, episode_id: str, frames: int, video_bytes: Mapping[str, int],
                             staging_format: int = STAGING_FORMAT) -> None:
         """A missing chunk (format 1) or shard (format 2) reads back as the fill value; make that an error for
         committed data. (Within a shard every chunk is listed in the shard's checksummed index.)"""
         base = self.episode_path(episode_id)
-        rows = self.layout.chunk_frames * (SHARD_CHUNKS if staging_format == 2 else 1)
-        video_unit = VIDEO_SHARD_BYTES if staging_format == 2 else V1_VIDEO_CHUNK_BYTES
+        rows = self.layout.chunk_frames * (SHARD_CHUNKS if staging_format >= 2 else 1)
+        video_unit = VIDEO_SHARD_BYTES if staging_format >= 2 else V1_VIDEO_CHUNK_BYTES
         expected: list[Path] = []
         n_files = -(-frames // rows)
         row_dims = {**{f"state/{f}": len(s) for f, s in self.layout.state_shapes.items()},
@@ -481,3 +537,12 @@ class StagingStore:
             yield from self.path.rglob("*.partial")
 
 
+async def _read_arrays(group_path: Path, lengths: Mapping[str, int]) -> dict[str, np.ndarray]:
+    """The first ``lengths[name]`` rows of each array of a staged episode, all read concurrently in one trip to
+    zarr's I/O loop (one sync call per array costs a thread hand-off each, which dominated reading)."""
+    group = await zarr.api.asynchronous.open_group(store=str(group_path), mode="r")
+    names = list(lengths)
+    arrays = await asyncio.gather(*(group.getitem(name) for name in names))
+    data = await asyncio.gather(*(array.getitem(slice(0, lengths[name]))  # type: ignore[union-attr]
+                                  for name, array in zip(names, arrays)))
+    return {name: np.asarray(values) for name, values in zip(names, data)}

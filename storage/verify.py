@@ -1,4 +1,6 @@
-"""Re-read committed episodes and check them against the catalog: chunk checksums, counts, content hashes.
+"""Re-read committed episodes and check them against the catalog: chunk checksums, counts, content hashes,
+and (format 3) the stored statistics: covered by the content hash, readable, and (with ``decode``) those of
+the numeric arrays recomputed from the staged data and each camera's over LeRobot's frame sample.
 
 An episode that fails is quarantined (never exported) when ``quarantine`` is set; the report says why.
 Quarantining writes the catalog: open the store with ``open_store_updater`` for that, or
@@ -14,6 +16,8 @@ import numpy as np
 
 from demoforge.pipeline.contract import ANNOTATION_KEYS
 from demoforge.storage.catalog import AttemptRow, Catalog
+from demoforge.storage.episode_stats import EpisodeStats
+from demoforge.storage.lerobot_stats import sample_indices
 from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore
 from demoforge.storage.video import count_frames
 
@@ -47,6 +51,12 @@ def check_episode(staging: StagingStore, row: AttemptRow, *, decode: bool = True
     if annotations.shape != (row.frames, len(ANNOTATION_KEYS)) or not np.array_equal(
             annotations[:, ANNOTATION_KEYS.index("episode_step")], np.arange(row.frames)):
         raise StagingCorruptError(f"episode {row.episode_id}: annotations do not count 0..{row.frames - 1}")
+    try:
+        recorded = staged.recorded_stats()
+    except StagingCorruptError as exc:
+        raise StagingCorruptError(f"episode {row.episode_id}: {exc}") from None
+    if decode and recorded is not None:
+        _check_stats(row, staged, recorded)
     if decode:
         for camera, data in staged.video.items():
             n = count_frames(data)
@@ -54,6 +64,22 @@ def check_episode(staging: StagingStore, row: AttemptRow, *, decode: bool = True
                 raise StagingCorruptError(f"episode {row.episode_id}: camera {camera!r} holds {n} frames, "
                                           f"the catalog says {row.frames}")
     return staged
+
+
+def _check_stats(row: AttemptRow, staged: StagedEpisode, recorded: EpisodeStats) -> None:
+    """The stored statistics describe this episode: the numeric arrays' equal those recomputed from its data,
+    and each camera's cover LeRobot's frame sample of its length."""
+    again = EpisodeStats.compute(staged.state, staged.action, staged.reward, staged.annotations, recorded.cameras)
+    differ = recorded.numeric_differences(again)
+    if differ:
+        raise StagingCorruptError(f"episode {row.episode_id}: its stored statistics of {', '.join(differ)} differ "
+                                  "from its data")
+    sampled = len(sample_indices(int(row.frames or 0)))
+    for camera in staged.video:
+        stats = recorded.cameras.get(camera)
+        if stats is None or stats.get("count") is None or int(stats["count"][0]) != sampled:
+            raise StagingCorruptError(f"episode {row.episode_id}: stored statistics of camera {camera!r} do not "
+                                      f"cover the {sampled} frames LeRobot samples of {row.frames}")
 
 
 def verify_store(catalog: Catalog, staging: StagingStore, *, quarantine: bool = False,

@@ -209,6 +209,27 @@ def test_export_features_are_what_lerobot_writes_for_depth(depth_run: DepthRun) 
     assert np.asarray(stats["mean"]).shape == (1, 1, 1) and 0.3 < np.asarray(stats["min"]).item() < 2.0
 
 
+def test_camera_stats_are_lerobots_of_the_rendered_frames(depth_run: DepthRun, tmp_path: Path) -> None:
+    """Both cameras' per-episode stats equal LeRobot's ``compute_episode_stats`` of the rendered frames, written
+    as its image writer writes them (depth: raw float32 metres in TIFF, RGB: PNG), not of decoded video."""
+    from lerobot.datasets.compute_stats import compute_episode_stats
+    from lerobot.datasets.image_writer import write_image
+
+    from test_export_stats import assert_stats_equal, exported_episode_stats
+
+    features = json.loads((depth_run.dataset / "meta/info.json").read_text())["features"]
+    exported = exported_episode_stats(depth_run.dataset)
+    for episode in range(EPISODES):
+        buffer: dict[str, list[str]] = {DEPTH_KEY: [], RGB_KEY: []}
+        for i, (depth_m, rgb) in enumerate(zip(depth_run.rendered[episode], depth_run.rgb[episode], strict=True)):
+            for key, image, suffix in ((DEPTH_KEY, depth_m, "tiff"), (RGB_KEY, rgb, "png")):
+                path = tmp_path / f"{episode}-{key}-{i:04d}.{suffix}"
+                write_image(image, path)
+                buffer[key].append(str(path))
+        theirs = compute_episode_stats(buffer, {k: features[k] for k in buffer})
+        assert_stats_equal({k: exported[episode][k] for k in buffer}, theirs)
+
+
 def test_validate_checks_depth_streams(depth_run: DepthRun, tmp_path: Path) -> None:
     report = validate_dataset(depth_run.dataset, expect_segments=5)
     assert report.status == 0, report.problems

@@ -1,5 +1,6 @@
-"""Streaming export: episodes are read, written and dropped one at a time, so an export's memory does not
-grow with the number of pending episodes; a full dataset disk is refused up front or cleaned up at once."""
+"""Streaming export: episodes are read (one ahead of the writer), written and dropped one at a time, so an
+export's memory does not grow with the number of pending episodes; a full dataset disk is refused up front or
+cleaned up at once."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def toy(episodes: int) -> JobSpec:
                    video=VideoSettings(codec="h264"))
 
 
-def test_export_holds_one_staged_episode_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_export_holds_at_most_two_staged_episodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store, out = tmp_path / "store", tmp_path / "dataset"
     run_job(toy(8), store)
     alive: list[weakref.ref] = []
@@ -40,7 +41,8 @@ def test_export_holds_one_staged_episode_at_a_time(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(staging_module.StagingStore, "read_episode", counting)
     report = export_store(store, out)
     assert report.exported == 8 and len(alive) == 8
-    assert most[0] == 0  # every earlier episode was dropped before the next one was read
+    # When an episode is read, at most the one being written is still held: every earlier one was dropped.
+    assert most[0] <= 1
     assert validate_dataset(out).status == 0
 
 

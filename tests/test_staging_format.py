@@ -1,5 +1,6 @@
-"""Staging format 2 (Zarr v3 sharding): an episode's file count does not grow with its length, stores written
-in format 1 keep working, and a store from a newer format is refused by name."""
+"""Staging formats 2 and 3 (Zarr v3 sharding; 3 adds the episode's statistics): an episode's file count does not
+grow with its length, stores written in formats 1 and 2 keep working, and a store from a newer format is refused
+by name."""
 
 from __future__ import annotations
 
@@ -98,11 +99,11 @@ def test_store_of_a_newer_format_is_refused_by_name(tmp_path: Path) -> None:
     store = tmp_path / "store"
     run_job(spec(1, 8), store)
     db = sqlite3.connect(store / "catalog.sqlite")
-    db.execute("UPDATE meta SET value = '3' WHERE key = 'staging_format'")
+    db.execute(f"UPDATE meta SET value = '{STAGING_FORMAT + 1}' WHERE key = 'staging_format'")
     db.commit()
     db.close()
     again = run_cli("generate", "--task", "toy-point", "--episodes", "2", "--store", str(store), "--codec", "h264",
                     "--option", "steps=8")
     assert again.returncode == 2
-    assert "written by a newer demoforge (staging format 3)" in again.stderr
-    assert "reads formats 1 to 2" in again.stderr
+    assert f"written by a newer demoforge (staging format {STAGING_FORMAT + 1})" in again.stderr
+    assert f"reads formats 1 to {STAGING_FORMAT}" in again.stderr

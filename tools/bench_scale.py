@@ -129,6 +129,11 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
     rng = np.random.default_rng(0)
     packets = [{c.name: rng.bytes(packet_bytes) for c in specs} for _ in range(frames_per_episode)]
     tails = {c.name: rng.bytes(packet_bytes) for c in specs}
+    # A camera's statistics come with its tail, as a real encoder's do (these are of blank frames).
+    from demoforge.storage.lerobot_stats import rgb_stats, strided
+
+    blank = strided(np.zeros((height, width, 3), np.uint8))
+    tail_stats = {c.name: rgb_stats([blank, blank]) for c in specs}
     video_bytes = packet_bytes * cameras * (frames_per_episode + 1)
     state = {"observation.state": np.zeros(14, np.float32)}
     action = np.zeros(14, np.float32)
@@ -146,7 +151,7 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
         result = EpisodeResult(task=name, episode_index=key.episode_index, attempt=key.attempt, seed=0, row=0,
                                length=frames_per_episode, completed=True, success=True, terminated=True,
                                truncated=False, terminal_reason=TerminalReason.SUCCESS, segments=())
-        records += [VideoTail(key, tails), AttemptEnded(key, result, frames_per_episode)]
+        records += [VideoTail(key, tails, tail_stats), AttemptEnded(key, result, frames_per_episode)]
         yield Piece(tuple(records), 0, lease_done=True)
 
     class SyntheticWorker:

@@ -153,7 +153,9 @@ class EpisodeWorker:
                         out.resolve(keep=0)
                         mine, encoders, active = encoders, {}, []
                         if record.result.committable:
-                            out.add(VideoTail(record.key, {n: e.finish() for n, e in mine.items()}))
+                            tails = {n: e.finish() for n, e in mine.items()}
+                            out.add(VideoTail(record.key, {n: t.data for n, t in tails.items()},
+                                              {n: t.stats for n, t in tails.items()}))
                         else:
                             for enc in mine.values():
                                 enc.abort()
@@ -197,9 +199,9 @@ class EpisodeWorker:
         self.env = self._build()
 
     def _open_encoders(self) -> dict[str, Any]:
-        from demoforge.stages.encode import make_encoder  # by camera kind: RGB or depth
+        from demoforge.stages.encode import make_recording_encoder  # by camera kind: RGB or depth
 
-        return {c.name: make_encoder(c, self.spec.fps, self.spec.video) for c in self.spec.cameras}
+        return {c.name: make_recording_encoder(c, self.spec.fps, self.spec.video) for c in self.spec.cameras}
 
 class _PieceBuilder:
     """The piece being filled: resolved encoded frames in order, and frames still being encoded."""

@@ -1,0 +1,65 @@
+"""The frames LeRobot's statistics of one camera could sample, kept until the attempt's length is known.
+
+LeRobot's camera statistics use the frames ``sample_indices(N)`` picks, and N is known only when the attempt
+ends; for every frame there is a length that picks it, so no frame can be dropped early. Each frame's strided
+pixels (what ``auto_downsample_height_width`` keeps: the whole frame below 300 px, about 150 px above) are
+appended to an unlinked temporary file, which the kernel's page cache holds and which never outlives the
+process; when the attempt ends, the sampled frames are read back and summed (``storage/lerobot_stats.py``),
+and the file is closed. Memory stays at one frame whatever the episode length; the file holds at most
+N x (strided frame) bytes (150 KB per 224x224 RGB frame) while the attempt runs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from demoforge.storage.lerobot_stats import FeatureStats, RgbStats, depth_stats, sample_indices, strided
+from demoforge.storage.schema import CameraSpec
+
+
+class SampledFrames:
+    """One camera of one attempt: :meth:`add` each frame as it is encoded, :meth:`statistics` at the end."""
+
+    def __init__(self, camera: CameraSpec, spill_dir: Path | None = None) -> None:
+        self.camera = camera
+        self.frames = 0
+        self._dtype = np.dtype(np.float32 if camera.is_depth else np.uint8)
+        self._shape = strided(np.empty(camera.shape, self._dtype)).shape
+        self._frame_bytes = int(np.prod(self._shape)) * self._dtype.itemsize
+        self._file: IO[bytes] | None = tempfile.TemporaryFile(dir=spill_dir, prefix="demoforge-stats-")
+
+    def add(self, image: np.ndarray) -> None:
+        """Keep the pixels of one frame LeRobot's statistics look at (a copy: the caller may reuse ``image``)."""
+        assert self._file is not None, "add() after close()"
+        pixels = np.ascontiguousarray(strided(np.asarray(image, dtype=self._dtype)))
+        self._file.write(memoryview(pixels).cast("B"))
+        self.frames += 1
+
+    def _frame(self, index: int) -> np.ndarray:
+        assert self._file is not None
+        data = os.pread(self._file.fileno(), self._frame_bytes, index * self._frame_bytes)
+        if len(data) != self._frame_bytes:
+            raise OSError(f"camera {self.camera.name!r}: kept frame {index} reads back short")
+        return np.frombuffer(data, self._dtype).reshape(self._shape)
+
+    def statistics(self) -> FeatureStats:
+        """LeRobot's statistics of this camera over the frames added (``compute_episode_stats``'s sample)."""
+        assert self._file is not None, "statistics() after close()"
+        self._file.flush()
+        indices = sample_indices(self.frames)
+        if self.camera.is_depth:
+            return depth_stats(np.stack([self._frame(i) for i in indices]))
+        acc = RgbStats()
+        for i in indices:
+            acc.add(self._frame(i))
+        return acc.result()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
