@@ -19,24 +19,24 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     # writing a task
-    "Segment": "demoforge.pipeline.contract",
-    "StepView": "demoforge.pipeline.contract",
-    "RecordedObservation": "demoforge.pipeline.contract",
+    "Segment": "demoforge.stages.contract",
+    "StepView": "demoforge.stages.contract",
+    "RecordedObservation": "demoforge.stages.contract",
     "TaskInfo": "demoforge.pipeline.tasks.registry",
     "CameraSpec": "demoforge.pipeline.tasks.registry",
     "TaskEntry": "demoforge.pipeline.tasks.registry",
     "TaskOptionError": "demoforge.pipeline.tasks.registry",
     "register": "demoforge.pipeline.tasks.registry",
     "get_task": "demoforge.pipeline.tasks.registry",
-    "run_episodes": "demoforge.pipeline.executor",
+    "run_episodes": "demoforge.stages.executor",
     # a reactive expert (observation -> action) as segments
     "Phase": "demoforge.pipeline.reactive",
     "ReactiveExpert": "demoforge.pipeline.reactive",
     "PolicyExpert": "demoforge.pipeline.reactive",
     "ReturnBranch": "demoforge.pipeline.reactive",
     "reactive_segments": "demoforge.pipeline.reactive",
-    "EpisodeResult": "demoforge.pipeline.contract",
-    "AttemptEnded": "demoforge.pipeline.records",
+    "EpisodeResult": "demoforge.stages.contract",
+    "AttemptEnded": "demoforge.stages.records",
     # using the library
     "generate": "demoforge.api",
     "export": "demoforge.api",
@@ -49,10 +49,10 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time each name is imported on first use
     from demoforge.api import export, generate, open_dataset, open_store, validate
-    from demoforge.pipeline.contract import EpisodeResult, RecordedObservation, Segment, StepView
-    from demoforge.pipeline.executor import run_episodes
+    from demoforge.stages.contract import EpisodeResult, RecordedObservation, Segment, StepView
+    from demoforge.stages.executor import run_episodes
     from demoforge.pipeline.reactive import Phase, PolicyExpert, ReactiveExpert, ReturnBranch, reactive_segments
-    from demoforge.pipeline.records import AttemptEnded
+    from demoforge.stages.records import AttemptEnded
     from demoforge.pipeline.tasks.registry import (
         CameraSpec,
         TaskEntry,

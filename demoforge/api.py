@@ -14,9 +14,9 @@ if TYPE_CHECKING:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     from demoforge.pipeline.runner import JobReport
-    from demoforge.storage.lerobot_export import ExportReport
+    from demoforge.storage.lerobot.export import ExportReport
     from demoforge.storage.reader import StoreView
-    from demoforge.storage.validate import ValidationReport
+    from demoforge.storage.lerobot.validate import ValidationReport
 
 
 def generate(task: str, episodes: int, store: Path | str, *, options: Mapping[str, Any] | None = None,
@@ -34,7 +34,7 @@ def generate(task: str, episodes: int, store: Path | str, *, options: Mapping[st
 def export(store: Path | str | Sequence[Path | str], out: Path | str, *, repo_id: str | None = None) -> ExportReport:
     """Publish the committed, not yet exported episodes of ``store`` (or of several stores with the same
     features, in order) as a new version of the dataset ``out``."""
-    from demoforge.storage.lerobot_export import export_stores
+    from demoforge.storage.lerobot.export import export_stores
 
     stores = [store] if isinstance(store, (str, Path)) else list(store)
     return export_stores(stores, out, repo_id=repo_id)
@@ -42,7 +42,7 @@ def export(store: Path | str | Sequence[Path | str], out: Path | str, *, repo_id
 
 def validate(dataset: Path | str, *, expect_segments: int | None = None, video_backend: str = "pyav") -> ValidationReport:
     """Check a dataset's structure and sidecar and load it with ``LeRobotDataset``; ``report.ok`` says."""
-    from demoforge.storage.validate import validate_dataset
+    from demoforge.storage.lerobot.validate import validate_dataset
 
     return validate_dataset(dataset, expect_segments=expect_segments, video_backend=video_backend)
 
@@ -55,7 +55,7 @@ def open_dataset(dataset: Path | str, **kwargs: Any) -> LeRobotDataset:
 
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    from demoforge.storage.lerobot_export import MARKER
+    from demoforge.storage.lerobot.export import MARKER
 
     root = Path(dataset)
     marker = root / MARKER

@@ -135,11 +135,11 @@ def _parse_options(items: Sequence[str]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
     """Execute episodes without storing them and print their segments (a quick look at a task)."""
-    from demoforge.pipeline.executor import run_episodes
-    from demoforge.pipeline.records import AttemptEnded
+    from demoforge.stages.executor import run_episodes
+    from demoforge.stages.records import AttemptEnded
     from demoforge.pipeline.tasks.registry import get_task
 
-    from demoforge.pipeline.records import EpisodeLayout
+    from demoforge.stages.records import EpisodeLayout
 
     entry = get_task(args.task)
     options = _parse_options(args.option)
@@ -365,7 +365,7 @@ def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: boo
             channel: Any = None) -> int:
     """``channel``: a watching parent's (pipeline/export_child.py ``ChildChannel``), told of every step."""
     from demoforge.pipeline.faults import export_pause
-    from demoforge.storage.lerobot_export import export_stores
+    from demoforge.storage.lerobot.export import export_stores
 
     console = _console(stderr=True)
     fault = export_pause()
@@ -423,7 +423,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from demoforge.storage.validate import describe, validate_dataset
+    from demoforge.storage.lerobot.validate import describe, validate_dataset
 
     report = validate_dataset(args.dataset, expect_segments=args.expect_segments, video_backend=args.video_backend)
     if args.json:
@@ -466,10 +466,10 @@ def _edit_progress(console: Console):
 
 def cmd_edit(args: argparse.Namespace) -> int:
     from demoforge.pipeline.faults import export_pause
-    from demoforge.storage.edit_selection import parse_split, read_replay_report
-    from demoforge.storage.edit_source import EditError, open_dataset
-    from demoforge.storage.episode_filter import FilterError, parse_filter
-    from demoforge.storage.lerobot_edit import edit_dataset
+    from demoforge.storage.lerobot.edit_selection import parse_split, read_replay_report
+    from demoforge.storage.lerobot.edit_source import EditError, open_dataset
+    from demoforge.storage.lerobot.episode_filter import FilterError, parse_filter
+    from demoforge.storage.lerobot.edit import edit_dataset
 
     if not (args.delete or args.delete_rejected or args.keep_where or args.task or args.split or args.out):
         raise EditError("say what to change: --delete, --delete-rejected, --keep-where, --task, or --split / --out "
@@ -491,7 +491,7 @@ def cmd_edit(args: argparse.Namespace) -> int:
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from demoforge.pipeline.faults import export_pause
-    from demoforge.storage.lerobot_edit import merge_datasets
+    from demoforge.storage.lerobot.edit import merge_datasets
 
     report = merge_datasets(args.datasets, args.out, repo_id=args.repo_id, dry_run=args.dry_run,
                             progress=_edit_progress(_console(stderr=True)), stage_pause=export_pause())
@@ -499,13 +499,13 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _filter_fields() -> str:
-    from demoforge.storage.episode_filter import describe_fields
+    from demoforge.storage.lerobot.episode_filter import describe_fields
 
     return describe_fields()
 
 
 def _print_edit(report: Any, args: argparse.Namespace, command: str) -> int:
-    from demoforge.storage.lerobot_edit import ALREADY, DRY_RUN, UNCHANGED
+    from demoforge.storage.lerobot.edit import ALREADY, DRY_RUN, UNCHANGED
 
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -568,7 +568,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.dataset is not None:
         return _verify_dataset(args)
     from demoforge.storage.reader import open_store_reader, open_store_updater
-    from demoforge.storage.verify import verify_store
+    from demoforge.storage.store_verify import verify_store
 
     quarantine = not args.no_quarantine  # quarantining writes states: only then is the store opened to update
     with (open_store_updater if quarantine else open_store_reader)(args.store) as store:
@@ -626,7 +626,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def _verify_dataset(args: argparse.Namespace) -> int:
-    from demoforge.storage.dataset_verify import verify_dataset
+    from demoforge.storage.lerobot.file_checksums import verify_dataset
 
     report = verify_dataset(args.dataset)
     if args.json:
@@ -961,7 +961,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from demoforge.pipeline.workers.config import ExecutorError
     from demoforge.storage.catalog import JobMismatchError
     from demoforge.storage.errors import StoreError
-    from demoforge.storage.lerobot_export import ExportError
+    from demoforge.storage.lerobot.export import ExportError
     from demoforge.storage.staging import StagingFormatError
     from demoforge.storage.viewer.files import ViewerError
 
@@ -970,7 +970,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from demoforge.pipeline.malloc import limit_malloc_arenas, make_uninitialized_reads_deterministic
+    from demoforge.stages.malloc import limit_malloc_arenas, make_uninitialized_reads_deterministic
     from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, describe_write_failure
     from demoforge.pipeline.workers.config import WorkersLostError
     from demoforge.storage.write_errors import is_write_error

@@ -26,8 +26,8 @@ import anyio.abc
 from demoforge.pipeline.daemon_config import DaemonConfig
 from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, failed_write
 from demoforge.pipeline.metrics import JobMetrics
-from demoforge.pipeline.records import StagedAttempt
 from demoforge.pipeline.runner import JobRunner, JobStats
+from demoforge.stages.records import StagedAttempt
 from demoforge.storage.write_errors import free_bytes, is_write_error
 
 EXIT_FAILING = 3  # the job stopped itself (too many episodes abandoned in a row): a restart would not help

@@ -86,7 +86,7 @@ class ChildChannel:
         stacks_path = os.environ.get(STACKS_ENV)
         stacks = open(stacks_path, "a") if stacks_path else None  # noqa: SIM115 (lives as long as the process)
         channel = cls(os.fdopen(int(fd), "w", buffering=1), stacks)
-        from demoforge.storage.lerobot_files import import_libraries
+        from demoforge.storage.lerobot.files import import_libraries
 
         import_libraries()  # the long silent part of starting (torch, lerobot, datasets): before "ready"
         channel.event("ready")

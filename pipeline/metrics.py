@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from demoforge.pipeline.records import StagedAttempt
 from demoforge.pipeline.runner import JobStats
+from demoforge.stages.records import StagedAttempt
 
 
 class JobMetrics:

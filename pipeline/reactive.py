@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from demoforge.pipeline.contract import Segment, TaskProtocolError
+from demoforge.stages.contract import Segment, TaskProtocolError
 
 
 @dataclass(frozen=True)

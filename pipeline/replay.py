@@ -1,8 +1,9 @@
 """Replay: re-simulate recorded episodes from their seeds and actions and compare every recorded frame.
 
 For one episode: build the task's env with the job's options, reset it with the recorded seed and step the
-recorded actions. The task's plan is advanced alongside exactly as the executor advanced it (segments are
-planned at the same steps, their action generators consumed in lockstep, validators run at segment ends),
+recorded actions. The task's plan is advanced alongside through the executor's own ``SegmentCursor``
+(stages/segment_cursor.py: segments planned at the same steps, their action generators consumed in lockstep,
+validators run at segment ends),
 because planning may change the env (fetch-pick-place draws each cycle's goal from the env's seeded
 generator when the cycle is planned); the actions stepped are always the recorded ones. Compared, within
 tolerances: every state feature recorded before each action, each reward, the terminated/truncated flags,
@@ -21,23 +22,17 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from demoforge.pipeline.contract import (
-    ANNOTATION_KEYS,
-    StepView,
-    as_bool_verdict,
-    check_action,
-    find_task_method,
-    iter_segments,
-)
-from demoforge.pipeline.provenance import library_versions, version_differences
+from demoforge.stages.contract import StepView, as_bool_verdict, check_action, find_task_method
+from demoforge.stages.segment_cursor import END, SegmentCursor
 from demoforge.storage.episode_source import EpisodeRef, EpisodeSource, RecordedEpisode
-from demoforge.storage.schema import DepthVideoIdentity
+from demoforge.storage.provenance import library_versions, version_differences
+from demoforge.storage.schema import ANNOTATION_KEYS, DepthVideoIdentity
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # replay workers render offscreen like generation does
 
@@ -187,46 +182,42 @@ def _compare(name: str, recorded: Any, replayed: Any, tol: Tolerance,
 
 
 class _Plan:
-    """The task's plan, advanced the way the executor advanced it; any failure only disables it."""
+    """The task's plan, walked as the executor walks it (the same :class:`SegmentCursor`); any failure of the
+    task's code only stops it being followed."""
 
     def __init__(self, env: Any, task: str) -> None:
-        self.env, self.task = env, task
-        self.segments: Iterator[Any] | None = None
-        self.actions: Iterator[Any] | None = None
-        self.segment: Any = None
+        self.cursor = SegmentCursor(env, task, self._guard)
         self.planned: np.ndarray | None = None
         self.broken: str | None = None
         self.first_difference: str | None = None  # where the expert first disagrees with the recording
 
-    def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
+    @property
+    def segment(self) -> Any:
+        return self.cursor.segment
+
+    def _guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         if self.broken:
             return None
         try:
-            return fn()
+            return fn(*args)
         except Exception as exc:  # the task's own code: a diverged state may make it fail
             self.broken = f"{what} raised {type(exc).__name__}: {exc}"
             return None
 
     def start(self) -> None:
-        self.segments = self._guard("create_demo_segments", lambda: iter_segments(self.env, self.task))
-        self.next_segment()
+        self.cursor.start()
+        self.next_action()
 
     def next_segment(self) -> None:
-        segments = self.segments
-        segment = None if segments is None else self._guard("planning the next segment", lambda: next(segments, None))
-        self.segment = segment
-        self.actions = iter(segment.actions) if segment is not None else None
+        self.cursor.next_segment()
         self.next_action()
 
     def next_action(self) -> None:
-        actions = self.actions
-        raw = None if actions is None else self._guard("the segment's action generator", lambda: next(actions, None))
-        self.planned = None if raw is None else np.asarray(raw, dtype=np.float32)
+        raw = self.cursor.next_action()
+        self.planned = None if raw is END or raw is None else np.asarray(raw, dtype=np.float32)
 
     def validate(self, view: Any) -> None:
-        validator = getattr(self.segment, "validator", None)
-        if validator is not None:
-            self._guard("the segment's validator", lambda: as_bool_verdict(validator(view), "validator"))
+        self.cursor.validate(view)
 
     def note_action(self, frame: int, recorded: np.ndarray) -> None:
         if self.planned is None:
@@ -253,13 +244,13 @@ class _Plan:
 
 
 def _default_record(observation: Any) -> Any:
-    from demoforge.pipeline.executor import default_record
+    from demoforge.stages.executor import default_record
 
     return default_record(observation)
 
 
 def _default_success(info: Mapping[str, Any]) -> bool | None:
-    from demoforge.pipeline.executor import default_success
+    from demoforge.stages.executor import default_success
 
     return default_success(info)
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from demoforge.pipeline.provenance import library_versions
 from demoforge.pipeline.replay import (
     DIVERGED,
     ERROR,
@@ -26,6 +25,7 @@ from demoforge.pipeline.replay import (
 )
 from demoforge.storage.episode_source import EpisodeRef, EpisodeSource, EpisodeSourceError, open_episode_source
 from demoforge.storage.episode_spec import EpisodeSpecError, parse_episode_ranges
+from demoforge.storage.provenance import library_versions
 
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_CANNOT_RUN = 0, 1, 2
 SAMPLE_SALT = b"demoforge-replay-sample"

@@ -25,13 +25,13 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from demoforge.pipeline.faults import stage_delays
 from demoforge.pipeline.job import JobSpec
-from demoforge.pipeline.records import EpisodeAssignment, Record, StagedAttempt
 from demoforge.pipeline.tasks.registry import get_task
 from demoforge.pipeline.workers.config import ExecutorConfig
 from demoforge.pipeline.workers.driver import RemoteExecutor, WorkerCount
 from demoforge.stages.commit import commit_stage
 from demoforge.stages.encode import encode_stage
 from demoforge.stages.plan import EpisodePlanner, RunawayStop
+from demoforge.stages.records import EpisodeAssignment, Record, StagedAttempt
 from demoforge.stages.step import step_stage
 from demoforge.stages.write import write_stage
 from demoforge.storage.recovery import RecoveryReport, release_unfinished

@@ -13,10 +13,10 @@ from collections.abc import Callable
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from demoforge.pipeline.provenance import library_versions
-from demoforge.pipeline.records import EpisodeAbandoned, Record, StagedAttempt
 from demoforge.stages.plan import EpisodePlanner
+from demoforge.stages.records import EpisodeAbandoned, Record, StagedAttempt
 from demoforge.storage.catalog import Catalog
+from demoforge.storage.provenance import library_versions
 from demoforge.storage.staging import StagingStore
 
 

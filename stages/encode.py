@@ -21,15 +21,15 @@ import av
 import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from demoforge.pipeline.job import VideoSettings
-from demoforge.pipeline.malloc import make_uninitialized_reads_deterministic
-from demoforge.pipeline.records import AttemptEnded, CameraTail, EncodedFrame, Frame, Record, VideoTail
-from demoforge.pipeline.tasks.registry import CameraSpec
-from demoforge.storage import depth as depth_video
-from demoforge.storage.sampled_frames import SampledFrames
-from demoforge.storage.schema import DepthVideoIdentity
 from demoforge.stages.encode_lanes import LaneSet
 from demoforge.stages.halves import run_halves
+from demoforge.stages.malloc import make_uninitialized_reads_deterministic
+from demoforge.stages.records import AttemptEnded, CameraTail, EncodedFrame, Frame, Record, VideoTail
+from demoforge.stages.settings import VideoSettings
+from demoforge.storage import depth as depth_video
+from demoforge.storage.sampled_frames import SampledFrames
+from demoforge.storage.schema import CameraSpec
+from demoforge.storage.schema import DepthVideoIdentity
 
 #: Records the encode stage takes in ahead of what it sent on: how far one camera may run ahead of another.
 DEFAULT_LOOKAHEAD = 16
@@ -65,7 +65,7 @@ class CameraEncoder:
     """Encodes one camera of one attempt; :meth:`encode` returns whatever bytes the muxer produced."""
 
     def __init__(self, camera: CameraSpec, fps: int, settings: VideoSettings) -> None:
-        make_uninitialized_reads_deterministic()  # libx264 reads bytes it never wrote: see pipeline/malloc.py
+        make_uninitialized_reads_deterministic()  # libx264 reads bytes it never wrote: see stages/malloc.py
         self.camera = camera
         self.frames = 0
         self._sink = _Sink()

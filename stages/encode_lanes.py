@@ -22,7 +22,7 @@ import anyio
 import anyio.from_thread
 import numpy as np
 
-from demoforge.pipeline.records import AttemptKey, CameraTail
+from demoforge.stages.records import AttemptKey, CameraTail
 
 
 class Encoder(Protocol):

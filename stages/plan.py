@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
-from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED
-from demoforge.pipeline.records import EpisodeAssignment, EpisodeLayout, ResumeState
+from demoforge.stages.records import EpisodeAssignment, EpisodeLayout
+from demoforge.stages.settings import DEFAULT_MAX_CONSECUTIVE_ABANDONED
+from demoforge.storage.catalog import ResumeState
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ import anyio.lowlevel
 import gymnasium as gym
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from demoforge.pipeline.contract import EnvError, EpisodeResult, TerminalReason
-from demoforge.pipeline.executor import Executor
-from demoforge.pipeline.records import (
+from demoforge.stages.contract import EnvError, EpisodeResult, TerminalReason
+from demoforge.stages.executor import Executor
+from demoforge.stages.records import (
     PENDING,
     AttemptEnded,
     AttemptKey,

@@ -23,7 +23,8 @@ import anyio
 import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from demoforge.pipeline.records import (
+from demoforge.stages.halves import run_halves
+from demoforge.stages.records import (
     AttemptEnded,
     AttemptKey,
     AttemptStarted,
@@ -32,7 +33,6 @@ from demoforge.pipeline.records import (
     StagedAttempt,
     VideoTail,
 )
-from demoforge.stages.halves import run_halves
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.staging import ChunkWrites, EpisodeWriter, StagingStore
 

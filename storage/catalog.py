@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from demoforge.pipeline.records import ResumeState
 from demoforge.storage.errors import ReadOnlyError, StoreError
 from demoforge.storage.paths import short_path
 from demoforge.storage.schema import READABLE_STATES, AttemptState, Fingerprint
@@ -128,6 +127,15 @@ def check_catalog_file(store_dir: Path, *, writer: bool = False) -> None:
     if tables and not OUR_TABLES <= tables:
         raise StoreError(f"{short_path(path)} is not a demoforge store: {CATALOG_FILE} holds other tables "
                          f"({', '.join(sorted(tables)[:5])}); refusing to modify it")
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """What a (re)started job needs: done episodes and the attempts already spent on the others."""
+
+    committed: frozenset[int]
+    spent_attempts: Mapping[int, int]
+    quarantined: frozenset[int] = frozenset()
 
 
 class CatalogError(RuntimeError):

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from demoforge.pipeline.contract import ANNOTATION_KEYS
 from demoforge.storage.catalog import CATALOG_FILE
-from demoforge.storage.lerobot_format import INFO as INFO_FILE
-from demoforge.storage.lerobot_format import MARKER, SIDECAR, ExportMarker, camera_key, read_sidecar
+from demoforge.storage.lerobot.format import INFO as INFO_FILE
+from demoforge.storage.lerobot.format import MARKER, SIDECAR, ExportMarker, camera_key, read_sidecar
+from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.schema import DEPTH, DepthVideoIdentity, FingerprintError
 from demoforge.storage.video import decode_frames, decode_span
 
@@ -157,7 +157,7 @@ class StoreSource(EpisodeSource):
 
     def load(self, ref: EpisodeRef) -> RecordedEpisode:
         from demoforge.storage.staging import StagingCorruptError
-        from demoforge.storage.verify import check_episode
+        from demoforge.storage.store_verify import check_episode
 
         row = self._rows[ref.number]
         try:

@@ -14,7 +14,7 @@ import numpy as np
 
 from demoforge.storage.catalog import CATALOG_FILE
 from demoforge.storage.depth import COLOUR_PERCENTILES, colourise, decode_codes, dequantize
-from demoforge.storage.lerobot_format import INFO, SIDECAR, read_sidecar
+from demoforge.storage.lerobot.format import INFO, SIDECAR, read_sidecar
 from demoforge.storage.reader import open_store_reader
 from demoforge.storage.schema import READABLE_STATES, AttemptState
 from demoforge.storage.video import decode_indices

@@ -14,8 +14,8 @@ import shutil
 from dataclasses import dataclass, field
 
 from demoforge.storage.catalog import Catalog
-from demoforge.storage.schema import AttemptState
 from demoforge.storage.durable import fsync_dir
+from demoforge.storage.schema import AttemptState
 from demoforge.storage.staging import EPISODES_DIR, StagingStore
 
 

@@ -14,6 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from demoforge.storage.errors import StoreError
+from demoforge.storage.names import TaskDefinitionError, check_name
+
+SCHEMA_VERSION = 1
+"""The version of the records a store and a dataset keep (episode records, fingerprints, sidecars)."""
+
+ANNOTATION_KEYS = ("valid", "episode_step", "segment_id", "segment_step", "segment_start", "segment_end",
+                   "terminated", "truncated")
+"""Per-frame annotations, in stored order (staged arrays; exported as int64 ``annotation.<key>`` features)."""
 
 
 class AttemptState(enum.StrEnum):
@@ -185,8 +193,6 @@ class Fingerprint:
                                                       for d in value):
                 raise bad(name, "expected a list of positive integers")
             return tuple(value)
-
-        from demoforge.pipeline.tasks.registry import TaskDefinitionError, check_name
 
         cameras = data["cameras"]
         if not isinstance(cameras, list) or not all(

@@ -53,11 +53,11 @@ import zarr.api.asynchronous
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync as zarr_sync
 
-from demoforge.pipeline.contract import ANNOTATION_KEYS
 from demoforge.storage.durable import fsync_all, fsync_dir, fsync_file
 from demoforge.storage.episode_stats import EpisodeStats
 from demoforge.storage.errors import ReadOnlyError
-from demoforge.storage.lerobot_stats import json_digest
+from demoforge.storage.lerobot.stats import json_digest
+from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.schema import CameraSpec, Fingerprint
 from demoforge.storage.write_errors import writing
 
@@ -73,7 +73,7 @@ VIDEO_SHARD_BYTES = 1 << 22  # 4 MiB per camera: the writer's buffer, and the fi
 V1_VIDEO_CHUNK_BYTES = 1 << 20  # format 1: unsharded 1 MiB chunks
 STAGING_DIR = "staging.zarr"
 EPISODES_DIR = "episodes"  # under STAGING_DIR: one folder per staged attempt
-EPISODE_ID = re.compile(r"ep[0-9]{8,}-a[0-9]{2,}")  # pipeline.records.AttemptKey.episode_id
+EPISODE_ID = re.compile(r"ep[0-9]{8,}-a[0-9]{2,}")  # stages.records.AttemptKey.episode_id
 
 
 class StagingCorruptError(Exception):

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
-from demoforge.storage.dataset_verify import verify_dataset
-from demoforge.storage.validate import validate_dataset
+from demoforge.storage.lerobot.file_checksums import verify_dataset
+from demoforge.storage.lerobot.validate import validate_dataset
 
 CAM = "observation.images.cam"
 

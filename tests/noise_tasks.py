@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from demoforge.pipeline.contract import RecordedObservation
 from demoforge.pipeline.tasks.registry import TaskEntry, register
+from demoforge.stages.contract import RecordedObservation
 from toy_tasks import DEFAULTS, CameraPointEnv, describe
 
 

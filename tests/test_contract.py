@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from demoforge.pipeline.contract import (
+from demoforge.stages.contract import (
     ActionError,
     EnvError,
     EpisodeResult,
@@ -19,8 +19,8 @@ from demoforge.pipeline.contract import (
     TaskProtocolError,
     TerminalReason,
 )
-from demoforge.pipeline.executor import EpisodeRange, Executor, derive_seed, run_episodes
-from demoforge.pipeline.records import AttemptEnded, AttemptStarted, EpisodeAbandoned, Frame
+from demoforge.stages.executor import EpisodeRange, Executor, derive_seed, run_episodes
+from demoforge.stages.records import AttemptEnded, AttemptStarted, EpisodeAbandoned, Frame
 from toy_env import HoldingPointEnv, PointEnv, SegSpec
 
 
@@ -297,7 +297,7 @@ def test_task_code_raising_is_a_task_error():
 def test_camera_changing_size_is_an_observation_error():
     class Growing(PointEnv):
         def demo_record(self, observation):
-            from demoforge.pipeline.contract import RecordedObservation
+            from demoforge.stages.contract import RecordedObservation
             size = 8 if self.t < 2 else 9
             return RecordedObservation(state={"s": observation}, images={"cam": np.zeros((size, 8, 3), np.uint8)})
 

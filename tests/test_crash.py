@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 import toy_tasks  # noqa: F401
-from demoforge.pipeline.executor import derive_seed
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
 from demoforge.pipeline.tasks.registry import TaskEntry
-from demoforge.storage.invariants import (
+from demoforge.stages.executor import derive_seed
+from demoforge.storage.crash_invariants import (
     StoreSnapshot,
     attempt_rows,
     check_committed_kept,
@@ -41,7 +41,7 @@ def catalog_rows(store):
 
 
 def test_sigkill_at_random_moments_never_loses_or_alters_committed_episodes(tmp_path):
-    """The invariants are storage/invariants.py's, the same ones tools/crash_campaign.py checks."""
+    """The invariants are storage/crash_invariants.py's, the same ones tools/crash_campaign.py checks."""
     rng = random.Random(1234)
     store = tmp_path / "store"
     # Each delay profile widens one stage's window so kills land mid-episode, mid-encode and mid-commit.

@@ -13,8 +13,8 @@ import pytest
 
 from demoforge.pipeline.daemon_config import DaemonConfigError, load_config
 from demoforge.pipeline.metrics import scrape as scrape_metrics
+from demoforge.storage.lerobot.validate import validate_dataset
 from demoforge.storage.reader import open_store_reader
-from demoforge.storage.validate import validate_dataset
 from helpers import cli_env, daemon_events, demoforge_argv
 
 pytestmark = pytest.mark.slow

@@ -22,20 +22,20 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from demoforge.pipeline.contract import RecordedObservation  # noqa: E402
-from demoforge.pipeline.executor import derive_seed, run_episodes  # noqa: E402
 from demoforge.pipeline.job import JobSpec, VideoSettings  # noqa: E402
-from demoforge.pipeline.records import AttemptEnded, Frame  # noqa: E402
 from demoforge.pipeline.runner import run_job  # noqa: E402
 from demoforge.pipeline.tasks.registry import CameraSpec, TaskEntry, TaskInfo, get_task  # noqa: E402
+from demoforge.stages.contract import RecordedObservation  # noqa: E402
 from demoforge.stages.encode import DepthEncoder, EncoderError, make_encoder  # noqa: E402
+from demoforge.stages.executor import derive_seed, run_episodes  # noqa: E402
+from demoforge.stages.records import AttemptEnded, Frame  # noqa: E402
 from demoforge.storage import depth as depth_video  # noqa: E402
 from demoforge.storage.catalog import Catalog  # noqa: E402
-from demoforge.storage.lerobot_export import export_store  # noqa: E402
+from demoforge.storage.lerobot.export import export_store  # noqa: E402
+from demoforge.storage.lerobot.validate import validate_dataset  # noqa: E402
 from demoforge.storage.reader import open_store_reader  # noqa: E402
 from demoforge.storage.schema import DEPTH, Fingerprint, FingerprintError  # noqa: E402
 from demoforge.storage.staging import staged_episode_ids  # noqa: E402
-from demoforge.storage.validate import validate_dataset  # noqa: E402
 from helpers import cli_env, demoforge_argv, kill_after_start  # noqa: E402
 from toy_tasks import DEFAULTS as TOY_DEFAULTS  # noqa: E402
 from toy_tasks import CameraPointEnv  # noqa: E402

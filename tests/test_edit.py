@@ -15,9 +15,9 @@ import pytest
 
 import toy_tasks  # noqa: F401
 from demoforge.pipeline.cli import main
-from demoforge.storage.lerobot_edit import ALREADY, UNCHANGED, WRITTEN, edit_dataset, merge_datasets
-from demoforge.storage.lerobot_export import export_stores
-from demoforge.storage.lerobot_format import ExportMarker
+from demoforge.storage.lerobot.edit import ALREADY, UNCHANGED, WRITTEN, edit_dataset, merge_datasets
+from demoforge.storage.lerobot.export import export_stores
+from demoforge.storage.lerobot.format import ExportMarker
 from edit_helpers import (
     CAM,
     continuous_reencode,
@@ -117,7 +117,7 @@ def test_task_and_keep_where_filter_and_the_tasks_are_renumbered(two_tasks, tmp_
     assert [r["staging_episode_id"] for r in sidecar(dataset)] == [r["staging_episode_id"] for r in before[5:]]
     assert violations(dataset) == []
 
-    from demoforge.storage.episode_filter import parse_filter
+    from demoforge.storage.lerobot.episode_filter import parse_filter
 
     # --out: the same selection as a new dataset; the source stays as it is
     points = edit_dataset(two_tasks["dataset"], task="toy-point", out=tmp_path / "points")
@@ -169,7 +169,7 @@ def published_versions(dataset: Path) -> list[str]:
 
 
 def _split(spec: str):
-    from demoforge.storage.edit_selection import parse_split
+    from demoforge.storage.lerobot.edit_selection import parse_split
 
     return parse_split(spec)
 
@@ -258,7 +258,7 @@ def _lerobot_dataset(root: Path) -> Path:
 
 
 def test_viewer_marks_rejected_beside_the_dataset_and_edit_deletes_them(two_tasks, tmp_path):
-    from demoforge.storage.rejected import rejected_list_path
+    from demoforge.storage.lerobot.rejected import rejected_list_path
     from demoforge.storage.viewer.server import ViewerServer
     from demoforge.storage.viewer.source import open_source
 

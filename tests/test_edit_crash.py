@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import toy_tasks  # noqa: F401
-from demoforge.storage.edit_selection import parse_split
-from demoforge.storage.lerobot_edit import ALREADY, WRITTEN, edit_dataset, merge_datasets
-from demoforge.storage.lerobot_export import export_stores
-from demoforge.storage.publish import unfinished_leftovers
+from demoforge.storage.lerobot.edit import ALREADY, WRITTEN, edit_dataset, merge_datasets
+from demoforge.storage.lerobot.edit_selection import parse_split
+from demoforge.storage.lerobot.export import export_stores
+from demoforge.storage.lerobot.publish import unfinished_leftovers
 from edit_helpers import copy_dataset, episodes_meta, toy_store, violations
 from helpers import cli_env, demoforge_argv, kill_once_started
 

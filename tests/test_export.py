@@ -16,9 +16,9 @@ import torch
 import toy_tasks  # noqa: F401
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
+from demoforge.storage.lerobot.export import NotOurDatasetError, SchemaMismatchError, ExportError, export_store
+from demoforge.storage.lerobot.validate import validate_dataset
 from demoforge.storage.reader import open_store_reader
-from demoforge.storage.lerobot_export import NotOurDatasetError, SchemaMismatchError, ExportError, export_store
-from demoforge.storage.validate import validate_dataset
 from helpers import cli_env, decode_frames, demoforge_argv, psnr, run_cli
 
 pytestmark = pytest.mark.slow
@@ -82,8 +82,8 @@ def test_round_trip_through_lerobot(tmp_path, backend, codec):
 
 def test_decoded_frames_match_the_rendered_ones(tmp_path):
     """Against the env's own images (not the staged stream): the codec's loss stays within a stated PSNR."""
-    from demoforge.pipeline.executor import run_episodes
-    from demoforge.pipeline.records import Frame
+    from demoforge.stages.executor import run_episodes
+    from demoforge.stages.records import Frame
     from demoforge.pipeline.tasks.registry import get_task
 
     store, out = tmp_path / "store", tmp_path / "dataset"
@@ -216,7 +216,7 @@ def test_unwritable_or_full_target_is_a_clear_error_and_changes_nothing(tmp_path
     export_store(store, out)
     before = tree_digest(out)
     generate(store, 3)
-    import demoforge.storage.lerobot_export as exporter
+    import demoforge.storage.lerobot.export as exporter
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from demoforge.storage.validate import validate_dataset
+from demoforge.storage.lerobot.validate import validate_dataset
 from helpers import daemon_events
 from test_daemon import committed, scrape, start, wait_for, write_job
 

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 import toy_tasks  # noqa: F401  (registers toy-point)
-from demoforge.pipeline.executor import run_episodes
 from demoforge.pipeline.job import JobSpec, VideoSettings
-from demoforge.pipeline.records import Frame
 from demoforge.pipeline.runner import run_job
 from demoforge.pipeline.tasks.registry import get_task
-from demoforge.storage import lerobot_stats
-from demoforge.storage.lerobot_export import export_store
-from demoforge.storage.lerobot_files import _arrow_table, data_schema, episode_frames
+from demoforge.stages.executor import run_episodes
+from demoforge.stages.records import Frame
+from demoforge.storage.lerobot import stats as lerobot_stats
+from demoforge.storage.lerobot.export import export_store
+from demoforge.storage.lerobot.files import _arrow_table, data_schema, episode_frames
 from demoforge.storage.reader import open_store_reader
 from demoforge.storage.staging import STATS_ATTRIBUTE, StagedEpisode
 from demoforge.storage.video import decode_frames
@@ -132,7 +132,7 @@ def test_dataset_stats_are_lerobots_aggregate_of_the_episodes(recorded: Recorded
 
 def test_export_decodes_no_video_for_recorded_stats(recorded: Recorded, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    import demoforge.storage.lerobot_files as files
+    import demoforge.storage.lerobot.files as files
 
     def no_decoding(*_args, **_kwargs):
         raise AssertionError("export decoded video although the episodes carry their statistics")
@@ -241,7 +241,7 @@ def test_data_parquet_table_is_what_datasets_builds(recorded: Recorded) -> None:
     import datasets
     from lerobot.datasets.feature_utils import get_hf_features_from_features
 
-    from demoforge.storage.lerobot_format import dataset_features
+    from demoforge.storage.lerobot.format import dataset_features
 
     with open_store_reader(recorded.store) as view:
         fingerprint, staging = view.require_job()

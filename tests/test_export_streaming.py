@@ -14,9 +14,9 @@ import toy_tasks  # noqa: F401  (registers toy-point)
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
 from demoforge.storage import staging as staging_module
-from demoforge.storage.lerobot_export import ExportError, estimate_export_bytes, export_store
+from demoforge.storage.lerobot.export import ExportError, estimate_export_bytes, export_store
+from demoforge.storage.lerobot.validate import validate_dataset
 from demoforge.storage.reader import open_store_reader
-from demoforge.storage.validate import validate_dataset
 
 
 def toy(episodes: int) -> JobSpec:

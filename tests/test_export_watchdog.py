@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from demoforge.storage.validate import validate_dataset
+from demoforge.storage.lerobot.validate import validate_dataset
 from helpers import daemon_events, run_cli
 from test_daemon import start, wait_for, write_job
 
@@ -36,7 +36,7 @@ def test_generate_export_that_makes_no_progress_is_ended_with_its_stacks(tmp_pat
     stacks = list(store.glob("export-stacks-*.txt"))
     assert len(stacks) == 1 and str(stacks[0]) in result.stderr
     dump = stacks[0].read_text()
-    assert "faults.py" in dump and "in pause" in dump and "lerobot_export.py" in dump, dump  # where it hung
+    assert "faults.py" in dump and "in pause" in dump and "lerobot/export.py" in dump, dump  # where it hung
     assert not dataset.exists() and not dataset.is_symlink()  # nothing was published
     assert not any(p.is_dir() and not p.name.endswith(".partial") for p in (tmp_path / "dataset.versions").iterdir())
 

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 import toy_tasks
-from demoforge.pipeline.contract import RecordedObservation
-from demoforge.pipeline.executor import derive_seed
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
 from demoforge.pipeline.tasks.registry import TaskEntry, registered
+from demoforge.stages.contract import RecordedObservation
+from demoforge.stages.executor import derive_seed
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.reader import open_store_reader
-from demoforge.storage.verify import verify_store
+from demoforge.storage.store_verify import verify_store
 from helpers import committed_files
 
 H264 = VideoSettings(codec="h264")

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from demoforge.pipeline.executor import run_episodes
-from demoforge.pipeline.records import AttemptEnded
 from demoforge.pipeline.tasks import metaworld as mw
 from demoforge.pipeline.tasks.metaworld_phases import PHASES
 from demoforge.pipeline.tasks.registry import get_task, task_names
+from demoforge.stages.executor import run_episodes
+from demoforge.stages.records import AttemptEnded
 from helpers import run_cli
 
 pytestmark = pytest.mark.slow

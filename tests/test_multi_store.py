@@ -11,7 +11,7 @@ import pytest
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
 from demoforge.pipeline.tasks.fetch_pick_place import instruction
-from demoforge.storage.lerobot_format import MARKER, read_sidecar
+from demoforge.storage.lerobot.format import MARKER, read_sidecar
 from demoforge.storage.reader import open_store_reader
 from helpers import run_cli
 

@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 
 import toy_tasks  # noqa: F401  (registers toy-point)
-from demoforge.pipeline.contract import ANNOTATION_KEYS
-from demoforge.pipeline.executor import derive_seed, run_episodes
 from demoforge.pipeline.job import JobConfigError, JobSpec, VideoSettings
-from demoforge.pipeline.records import AttemptEnded, Frame
 from demoforge.pipeline.runner import JobRunner, run_job
 from demoforge.pipeline.tasks.registry import TaskEntry, get_task
+from demoforge.stages.contract import ANNOTATION_KEYS
+from demoforge.stages.executor import derive_seed, run_episodes
+from demoforge.stages.records import AttemptEnded, Frame
 from demoforge.storage.catalog import Catalog, JobMismatchError
-from demoforge.storage.staging import StagingStore
 from demoforge.storage.reader import open_store_reader, open_store_updater
+from demoforge.storage.staging import StagingStore
 from demoforge.storage.store import JobStore, StoreError, StoreLockedError
-from demoforge.storage.verify import verify_store
+from demoforge.storage.store_verify import verify_store
 from helpers import decode_frames, psnr, run_cli
 
 H264 = VideoSettings(codec="h264")
@@ -329,7 +329,7 @@ def test_all_zero_chunks_are_written_and_verify(tmp_path, register_task):
     """Zero rewards and zero actions fill whole chunks with the fill value; they must still be on disk."""
     class Still(toy_tasks.CameraPointEnv):
         def create_demo_segments(self):
-            from demoforge.pipeline.contract import Segment
+            from demoforge.stages.contract import Segment
             yield Segment(actions=[np.zeros(1, np.float32)] * 70, name="wait")
 
         def step(self, action):

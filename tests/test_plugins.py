@@ -60,7 +60,7 @@ def test_installed_plugin_is_listed_generated_and_exported(plugin_site: Path, tm
     gen = run_cli("generate", "--task", "slider-reach", "--episodes", "3", "--store", str(remote), "--codec", "h264",
                   "--executor", "process", "--workers", "2", PYTHONPATH=with_path(plugin_site))
     assert gen.returncode == 0, gen.stderr
-    from demoforge.storage.invariants import attempt_rows, identities
+    from demoforge.storage.crash_invariants import attempt_rows, identities
 
     assert identities(attempt_rows(remote)) == identities(attempt_rows(store))
 

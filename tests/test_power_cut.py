@@ -24,7 +24,7 @@ TOY = JobSpec(task="toy-point", episodes=2, task_options={"steps": 8, "size": 16
 
 def committed_and_verified(store: Path) -> tuple[int, bool]:
     from demoforge.storage.reader import open_store_reader
-    from demoforge.storage.verify import verify_store
+    from demoforge.storage.store_verify import verify_store
 
     with open_store_reader(store) as view:
         _fingerprint, staged = view.require_job()
@@ -53,9 +53,9 @@ def test_a_published_export_survives_a_power_cut_right_after_export_returns(tmp_
     """A dataset in a new folder: the folder, the versions, the link and every file must be durable when the
     export returns (the folder was created without an fsync of its parent before)."""
     from demoforge.pipeline.runner import run_job
-    from demoforge.storage.dataset_verify import verify_dataset
-    from demoforge.storage.lerobot_export import export_store
-    from demoforge.storage.validate import validate_dataset
+    from demoforge.storage.lerobot.file_checksums import verify_dataset
+    from demoforge.storage.lerobot.export import export_store
+    from demoforge.storage.lerobot.validate import validate_dataset
 
     run_job(TOY, tmp_path / "disk" / "store")  # on the plain folder, before the mount
     fs = PowerCut(tmp_path / "disk", tmp_path / "mnt").mount()

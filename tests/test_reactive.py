@@ -9,10 +9,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from demoforge.pipeline.contract import RecordedObservation, TaskError, TaskProtocolError
-from demoforge.pipeline.executor import run_episodes
 from demoforge.pipeline.reactive import Phase, PolicyExpert, ReturnBranch, reactive_segments
-from demoforge.pipeline.records import AttemptEnded, Frame
+from demoforge.stages.contract import RecordedObservation, TaskError, TaskProtocolError
+from demoforge.stages.executor import run_episodes
+from demoforge.stages.records import AttemptEnded, Frame
 
 
 class ShuttleEnv(gym.Env):

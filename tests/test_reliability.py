@@ -104,8 +104,8 @@ def test_export_killed_between_rename_and_link_swap_is_completed_by_the_next_one
     """Found by the long crash campaign: a version renamed into place but never published blocked every later
     export (the rename of the same version number failed with ENOTEMPTY)."""
     from demoforge.pipeline.runner import run_job
-    from demoforge.storage.lerobot_export import export_store
-    from demoforge.storage.validate import validate_dataset
+    from demoforge.storage.lerobot.export import export_store
+    from demoforge.storage.lerobot.validate import validate_dataset
 
     store, out = tmp_path / "store", tmp_path / "dataset"
 
@@ -255,7 +255,7 @@ def test_generate_into_a_non_empty_folder_that_is_not_a_store_is_refused(work):
 def test_nul_bytes_in_paths_are_refused(tmp_path, work):
     """argv cannot carry a NUL byte (exec refuses it); a job file and the Python API can."""
     from demoforge.pipeline.runner import run_job
-    from demoforge.storage.lerobot_export import ExportError, export_store
+    from demoforge.storage.lerobot.export import ExportError, export_store
     from demoforge.storage.store import StoreError
 
     job = work / "job.toml"

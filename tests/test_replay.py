@@ -13,9 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from demoforge.pipeline.provenance import library_versions
 from demoforge.pipeline.replay_run import ReplayInputError, parse_episode_spec, sample_episodes
 from demoforge.storage.episode_source import EpisodeRef
+from demoforge.storage.provenance import library_versions
 from helpers import cli_env, demoforge_argv, run_cli
 
 pytestmark = pytest.mark.slow
@@ -157,7 +157,7 @@ def test_an_altered_action_in_an_exported_dataset_diverges_at_that_frame(fetch_s
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from demoforge.storage.lerobot_export import export_store
+    from demoforge.storage.lerobot.export import export_store
 
     dataset = tmp_path / "dataset"
     export_store(fetch_store, dataset)
@@ -195,18 +195,29 @@ def test_an_altered_state_frame_that_verify_accepts_diverges_at_that_frame(fetch
     shutil.copytree(fetch_store, store)
     episode, frame, element = 2, 17, 3  # observation.state[3]: the cube's x position
     episode_id, record = committed_records(store)[episode]
-    from demoforge.storage.staging import STAGING_FORMAT, array_path
+    from demoforge.storage.episode_stats import EpisodeStats
+    from demoforge.storage.staging import STAGING_FORMAT, STATS_ATTRIBUTE, array_path
 
     name = array_path("state/observation.state", STAGING_FORMAT)  # staging format 2: state.observation.state
     array = zarr.open_array(str(store / "staging.zarr" / "episodes" / episode_id / name), mode="r+")
     array[frame, element] = array[frame, element] + np.float32(0.01)  # zarr rewrites the shard and its crc32cs
-    # Recompute the content hash the catalog keeps, so nothing but a replay can tell.
+    # Recompute the statistics stored with the episode and the content hash the catalog keeps, so nothing but
+    # a replay can tell.
     db = sqlite3.connect(store / "catalog.sqlite")
     fingerprint = Fingerprint.from_json(db.execute("SELECT value FROM meta WHERE key = 'fingerprint'").fetchone()[0])
     frames, video_bytes = db.execute("SELECT frames, video_bytes FROM attempts WHERE episode_id = ?",
                                      (episode_id,)).fetchone()
-    staged = StagingStore(store, EpisodeLayout.from_fingerprint(fingerprint), read_only=True).read_episode(
-        episode_id, frames, json.loads(video_bytes))
+
+    def read():
+        return StagingStore(store, EpisodeLayout.from_fingerprint(fingerprint), read_only=True).read_episode(
+            episode_id, frames, json.loads(video_bytes))
+
+    staged = read()
+    recorded = staged.recorded_stats()
+    stats = EpisodeStats.compute(staged.state, staged.action, staged.reward, staged.annotations, recorded.cameras)
+    group = zarr.open_group(str(store / "staging.zarr" / "episodes" / episode_id), mode="r+")
+    group.attrs[STATS_ATTRIBUTE] = stats.to_json()
+    staged = read()
     db.execute("UPDATE attempts SET content_hash = ? WHERE episode_id = ?", (staged.content_hash(), episode_id))
     db.commit()
     db.close()
@@ -250,7 +261,7 @@ def test_images_catch_a_video_of_another_episode(fetch_store, tmp_path):
 
 
 def test_depth_is_compared_exactly_on_a_store_and_its_export(depth_store, tmp_path):
-    from demoforge.storage.lerobot_export import export_store
+    from demoforge.storage.lerobot.export import export_store
 
     dataset = tmp_path / "dataset"
     export_store(depth_store, dataset)

@@ -1,4 +1,4 @@
-"""Segment-aware training sampling (storage/sampling.py): the window index against the frame-by-frame
+"""Segment-aware training sampling (storage/sampling/__init__.py): the window index against the frame-by-frame
 definition, uniformity, the offline sampler through LeRobotDataset and a DataLoader, the online sampler on
 a live store written by a real ``demoforge generate`` process."""
 
@@ -19,11 +19,11 @@ import toy_tasks  # noqa: F401
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
 from demoforge.storage.catalog import Catalog
-from demoforge.storage.lerobot_export import export_store
+from demoforge.storage.lerobot.export import export_store
 from demoforge.storage.reader import open_store_reader
-from demoforge.storage.schema import AttemptState
 from demoforge.storage.sampling import (MODES, NoEligibleWindowError, OnlineWindowSampler, SegmentWindowSampler,
                                         WindowIndex, segments_from_frames, window_is_eligible)
+from demoforge.storage.schema import AttemptState
 from helpers import cli_env, demoforge_argv
 
 STEPS = 24  # toy-point: two segments of 12 frames

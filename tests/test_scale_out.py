@@ -21,15 +21,15 @@ import pytest
 
 import noise_tasks  # noqa: F401  (registers toy-noise)
 import toy_tasks  # noqa: F401  (registers toy-point)
-from demoforge.pipeline.executor import derive_seed
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import JobRunner, run_job
 from demoforge.pipeline.workers.config import ExecutorConfig
+from demoforge.stages.executor import derive_seed
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.reader import open_store_reader
 from demoforge.storage.schema import AttemptState
 from demoforge.storage.staging import VIDEO_SHARD_BYTES, staged_episode_ids
-from demoforge.storage.verify import verify_store
+from demoforge.storage.store_verify import verify_store
 from helpers import cli_env, demoforge_argv
 
 # One Ray cluster per test session: the suite runs with `-n 2 --dist loadfile`, so every test of this file runs
@@ -170,7 +170,7 @@ def slot_of(lines: list[str], pid: int) -> int:
 
 # ------------------------------------------------------------------------------------------ equality
 def test_process_and_ray_executors_commit_what_a_thread_run_commits(tmp_path, ray_cluster):
-    from demoforge.storage.validate import validate_dataset
+    from demoforge.storage.lerobot.validate import validate_dataset
 
     expected = thread_run(tmp_path / "thread", *FETCH_ARGS)
     assert len(expected) == 3

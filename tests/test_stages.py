@@ -15,24 +15,24 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 import toy_tasks
-from demoforge.pipeline.executor import EpisodeRange, Executor
 from demoforge.pipeline.job import JobSpec, VideoSettings
-from demoforge.pipeline.records import (
+from demoforge.stages.commit import commit_stage
+from demoforge.stages.encode import EncoderError, encode_stage
+from demoforge.stages.executor import EpisodeRange, Executor
+from demoforge.stages.plan import EpisodePlanner
+from demoforge.stages.records import (
     AttemptEnded,
     AttemptStarted,
     EncodedFrame,
     EpisodeAbandoned,
     EpisodeAssignment,
     Frame,
-    ResumeState,
     StagedAttempt,
     VideoTail,
 )
-from demoforge.stages.commit import commit_stage
-from demoforge.stages.encode import EncoderError, encode_stage
-from demoforge.stages.plan import EpisodePlanner
 from demoforge.stages.step import step_stage
 from demoforge.stages.write import write_stage
+from demoforge.storage.catalog import ResumeState
 from demoforge.storage.schema import CameraSpec
 from demoforge.storage.store import JobStore
 from helpers import decode_frames, psnr
@@ -510,7 +510,7 @@ async def test_commit_stops_at_end_of_stream_and_on_cancellation_without_committ
 def test_same_frames_encode_to_the_same_bytes_every_time(codec):
     """A resumed or re-run attempt must stage the same video bytes as the first run (content hashes are
     compared across runs): encoding one episode's frames again, in the same process, gives identical bytes.
-    Without pipeline/malloc.py's fixed heap fill, libx264 gave several distinct streams out of 20 here."""
+    Without stages/malloc.py's fixed heap fill, libx264 gave several distinct streams out of 20 here."""
     import hashlib
 
     from demoforge.pipeline.job import VideoSettings

@@ -17,7 +17,7 @@ from demoforge.pipeline.runner import run_job
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.schema import CameraSpec
 from demoforge.storage.staging import SHARD_CHUNKS, STAGING_FORMAT, VIDEO_SHARD_BYTES, EpisodeLayout, StagingStore
-from demoforge.storage.verify import verify_store
+from demoforge.storage.store_verify import verify_store
 from helpers import REPO, run_cli
 
 FORMAT1_STORE = REPO / "tests" / "data" / "store-format1.tar.gz"  # 3 toy episodes written by format-1 code

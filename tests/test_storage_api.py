@@ -15,8 +15,8 @@ from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
 from demoforge.storage.catalog import CATALOG_FILE, Catalog
 from demoforge.storage.errors import ReadOnlyError, StoreError
-from demoforge.storage.lerobot_format import ExportMarker, MarkerError
-from demoforge.storage.publish import NotOurDatasetError, resolve_target
+from demoforge.storage.lerobot.format import ExportMarker, MarkerError
+from demoforge.storage.lerobot.publish import NotOurDatasetError, resolve_target
 from demoforge.storage.reader import open_store_reader, open_store_updater
 from demoforge.storage.schema import AttemptState, CameraSpec, Fingerprint, FingerprintError
 from helpers import REPO, cli_env, run_cli
@@ -35,7 +35,7 @@ def digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("module", ["demoforge.storage.online_sampler", "demoforge.storage.sampling"])
+@pytest.mark.parametrize("module", ["demoforge.storage.sampling.online", "demoforge.storage.sampling"])
 def test_the_online_sampler_does_not_import_torch(module):
     code = f"import {module}, sys; assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)"
     done = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120)
@@ -107,7 +107,7 @@ def test_an_old_or_foreign_fingerprint_is_refused_naming_the_field(change, match
 
 
 def test_the_export_marker_round_trips_and_a_foreign_one_is_refused(tmp_path, store):
-    from demoforge.storage.lerobot_export import export_store
+    from demoforge.storage.lerobot.export import export_store
 
     out = tmp_path / "dataset"
     export_store(store, out)
@@ -129,7 +129,7 @@ def test_the_export_marker_round_trips_and_a_foreign_one_is_refused(tmp_path, st
 def test_format_names_match_lerobot():
     from lerobot.datasets.utils import DEFAULT_TASKS_PATH, INFO_PATH, STATS_PATH
 
-    from demoforge.storage.lerobot_format import INFO, STATS, TASKS
+    from demoforge.storage.lerobot.format import INFO, STATS, TASKS
 
     assert (TASKS, STATS, INFO) == (DEFAULT_TASKS_PATH, STATS_PATH, INFO_PATH)
 

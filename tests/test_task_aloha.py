@@ -15,9 +15,9 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from demoforge.pipeline.executor import run_episodes  # noqa: E402
-from demoforge.pipeline.records import AttemptEnded, Frame  # noqa: E402
 from demoforge.pipeline.tasks.registry import TaskOptionError, get_task  # noqa: E402
+from demoforge.stages.executor import run_episodes  # noqa: E402
+from demoforge.stages.records import AttemptEnded, Frame  # noqa: E402
 
 TASK = "aloha-transfer-cube"
 OPTIONS = {"image_height": 48, "image_width": 64}  # unequal sides catch a swapped height/width

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from demoforge.pipeline.contract import EpisodeResult  # noqa: E402
-from demoforge.pipeline.executor import run_episodes  # noqa: E402
-from demoforge.pipeline.records import AttemptEnded, Frame  # noqa: E402
 from demoforge.pipeline.tasks.registry import TaskOptionError, get_task  # noqa: E402
+from demoforge.stages.contract import EpisodeResult  # noqa: E402
+from demoforge.stages.executor import run_episodes  # noqa: E402
+from demoforge.stages.records import AttemptEnded, Frame  # noqa: E402
 
 TASK = "fetch-pick-place"
 PHASES = ["reach", "descend", "grasp", "carry", "release"]

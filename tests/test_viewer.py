@@ -26,13 +26,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import toy_tasks
-from demoforge.pipeline.contract import RecordedObservation
-from demoforge.pipeline.executor import derive_seed
 from demoforge.pipeline.job import JobSpec, VideoSettings
-from demoforge.pipeline.tasks.registry import CameraSpec, TaskEntry, register
 from demoforge.pipeline.runner import run_job
+from demoforge.pipeline.tasks.registry import CameraSpec, TaskEntry, register
+from demoforge.stages.contract import RecordedObservation
+from demoforge.stages.executor import derive_seed
 from demoforge.storage.catalog import Catalog
-from demoforge.storage.lerobot_export import export_store
+from demoforge.storage.lerobot.export import export_store
 from demoforge.storage.viewer.server import ViewerServer
 from demoforge.storage.viewer.source import open_source
 from helpers import REPO, cli_env, demoforge_argv, run_cli
@@ -243,7 +243,7 @@ def test_reject_button_marks_episodes_beside_the_dataset(fetch, browser, tmp_pat
     the list shows it; `demoforge edit --delete-rejected` then deletes those episodes (tests/test_edit.py)."""
     from selenium.webdriver.common.by import By
 
-    from demoforge.storage.rejected import read_rejections, rejected_list_path
+    from demoforge.storage.lerobot.rejected import read_rejections, rejected_list_path
 
     dataset = tmp_path / "dataset"
     shutil.copytree(f"{fetch['dataset']}.versions", tmp_path / "dataset.versions", symlinks=True)

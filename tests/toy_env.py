@@ -13,7 +13,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from demoforge.pipeline.contract import RecordedObservation, Segment
+from demoforge.stages.contract import RecordedObservation, Segment
 
 
 @dataclass(frozen=True)

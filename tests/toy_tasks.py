@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from demoforge.pipeline.contract import RecordedObservation
 from demoforge.pipeline.tasks.registry import CameraSpec, TaskEntry, TaskInfo, register
+from demoforge.stages.contract import RecordedObservation
 from toy_env import PointEnv, SegSpec
 
 

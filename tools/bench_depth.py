@@ -35,12 +35,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
 
-from demoforge.pipeline.executor import run_episodes  # noqa: E402
 from demoforge.pipeline.job import JobSpec, VideoSettings  # noqa: E402
-from demoforge.pipeline.records import Frame  # noqa: E402
 from demoforge.pipeline.runner import JobRunner  # noqa: E402
 from demoforge.pipeline.tasks.registry import get_task  # noqa: E402
 from demoforge.stages.encode import make_encoder  # noqa: E402
+from demoforge.stages.executor import run_episodes  # noqa: E402
+from demoforge.stages.records import Frame  # noqa: E402
 from demoforge.storage.depth import lerobot_depth_identity, quantize  # noqa: E402
 
 TASK = "fetch-pick-place"

@@ -111,8 +111,8 @@ def main() -> None:
     from lerobot.datasets.dataset_tools import delete_episodes, split_dataset
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    from demoforge.storage.edit_selection import parse_split
-    from demoforge.storage.lerobot_edit import edit_dataset
+    from demoforge.storage.lerobot.edit_selection import parse_split
+    from demoforge.storage.lerobot.edit import edit_dataset
 
     dataset = make_dataset(args.work, args.episodes)
     fps = json.loads((dataset.resolve() / "meta" / "info.json").read_text())["fps"]

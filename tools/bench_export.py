@@ -38,12 +38,12 @@ import numpy as np  # noqa: E402
 
 import toy_tasks  # noqa: E402,F401
 from bench_export_memory import replicate  # noqa: E402
-from demoforge.pipeline.executor import run_episodes  # noqa: E402
 from demoforge.pipeline.job import JobSpec, VideoSettings  # noqa: E402
-from demoforge.pipeline.records import Frame  # noqa: E402
 from demoforge.pipeline.runner import run_job  # noqa: E402
 from demoforge.pipeline.tasks.registry import get_task  # noqa: E402
-from demoforge.storage.lerobot_export import export_store  # noqa: E402
+from demoforge.stages.executor import run_episodes  # noqa: E402
+from demoforge.stages.records import Frame  # noqa: E402
+from demoforge.storage.lerobot.export import export_store  # noqa: E402
 from demoforge.storage.video import count_frames as count_video_frames  # noqa: E402
 
 SIZE = 224

@@ -44,8 +44,8 @@ from bench_scale import cli, load, log, median_run  # noqa: E402  (the same timi
 
 
 def experts(seeds: int) -> list[dict]:
-    from demoforge.pipeline.executor import run_episodes
-    from demoforge.pipeline.records import AttemptEnded
+    from demoforge.stages.executor import run_episodes
+    from demoforge.stages.records import AttemptEnded
     from demoforge.pipeline.tasks import metaworld as mw
     from demoforge.pipeline.tasks.registry import get_task
 

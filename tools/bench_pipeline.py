@@ -49,13 +49,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
-from demoforge.pipeline.contract import RecordedObservation, Segment  # noqa: E402
-from demoforge.pipeline.executor import run_episodes  # noqa: E402
 from demoforge.pipeline.job import JobSpec, VideoSettings  # noqa: E402
-from demoforge.pipeline.records import AttemptEnded, AttemptStarted, Frame  # noqa: E402
 from demoforge.pipeline.runner import run_job  # noqa: E402
 from demoforge.pipeline.tasks.registry import CameraSpec, TaskEntry, TaskInfo, get_task, register  # noqa: E402
+from demoforge.stages.contract import RecordedObservation, Segment  # noqa: E402
 from demoforge.stages.encode import CameraEncoder  # noqa: E402
+from demoforge.stages.executor import run_episodes  # noqa: E402
+from demoforge.stages.records import AttemptEnded, AttemptStarted, Frame  # noqa: E402
 from demoforge.storage.reader import open_store_reader  # noqa: E402
 from demoforge.storage.staging import EpisodeLayout, StagingStore  # noqa: E402
 from demoforge.storage.video import count_frames as count_video_frames  # noqa: E402

@@ -1,4 +1,4 @@
-"""Index build time and per-batch sampling time of storage/sampling.py against recomputing every window.
+"""Index build time and per-batch sampling time of storage/sampling/__init__.py against recomputing every window.
 
     .venv/bin/python tools/bench_sampling.py [--episodes 1000 10000 100000] [--frames 300] [--chunk 16]
                                              [--mode segment] [--batch 64] [--json]

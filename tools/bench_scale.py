@@ -106,9 +106,9 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
     import anyio
     import numpy as np
 
-    from demoforge.pipeline.contract import Annotations, EpisodeResult, TerminalReason
+    from demoforge.stages.contract import Annotations, EpisodeResult, TerminalReason
     from demoforge.pipeline.job import JobSpec, VideoSettings
-    from demoforge.pipeline.records import AttemptEnded, AttemptKey, AttemptStarted, EncodedFrame, VideoTail
+    from demoforge.stages.records import AttemptEnded, AttemptKey, AttemptStarted, EncodedFrame, VideoTail
     from demoforge.pipeline.runner import JobRunner
     from demoforge.pipeline.tasks.registry import CameraSpec, TaskEntry, TaskInfo, register
     from demoforge.pipeline.workers import driver
@@ -130,7 +130,7 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
     packets = [{c.name: rng.bytes(packet_bytes) for c in specs} for _ in range(frames_per_episode)]
     tails = {c.name: rng.bytes(packet_bytes) for c in specs}
     # A camera's statistics come with its tail, as a real encoder's do (these are of blank frames).
-    from demoforge.storage.lerobot_stats import rgb_stats, strided
+    from demoforge.storage.lerobot.stats import rgb_stats, strided
 
     blank = strided(np.zeros((height, width, 3), np.uint8))
     tail_stats = {c.name: rgb_stats([blank, blank]) for c in specs}

@@ -16,9 +16,9 @@ import time
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from demoforge.pipeline.executor import run_episodes  # noqa: E402
-from demoforge.pipeline.records import AttemptEnded, Frame  # noqa: E402
 from demoforge.pipeline.tasks.registry import get_task  # noqa: E402
+from demoforge.stages.executor import run_episodes  # noqa: E402
+from demoforge.stages.records import AttemptEnded, Frame  # noqa: E402
 
 
 def bench(task: str, seeds: int, options: dict) -> dict:

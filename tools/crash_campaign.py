@@ -64,7 +64,7 @@ sys.path.insert(0, str(TESTS))
 import numpy as np  # noqa: E402
 
 from demoforge.storage.catalog import CATALOG_FILE  # noqa: E402
-from demoforge.storage.invariants import (  # noqa: E402
+from demoforge.storage.crash_invariants import (  # noqa: E402
     STORE_INVARIANTS,
     attempt_rows,
     check_committed_kept,
@@ -72,13 +72,13 @@ from demoforge.storage.invariants import (  # noqa: E402
     identities,
     snapshot,
 )
-from demoforge.storage.lerobot_format import (  # noqa: E402
+from demoforge.storage.lerobot.format import (  # noqa: E402
     APPEND_ONLY_FOLDERS,
     SMALL_METADATA,
     ExportMarker,
     read_sidecar,
 )
-from demoforge.storage.publish import finished_versions, unfinished_leftovers, versions_dir  # noqa: E402
+from demoforge.storage.lerobot.publish import finished_versions, unfinished_leftovers, versions_dir  # noqa: E402
 from demoforge.storage.reader import open_store_reader  # noqa: E402
 from demoforge.storage.schema import READABLE_STATES, AttemptState  # noqa: E402
 from demoforge.storage.staging import staged_episode_path  # noqa: E402
@@ -170,7 +170,7 @@ def episode_dir(store: Path, episode_id: str) -> Path:
 def flushed(store: Path, episode_id: str) -> bool:
     """True when an attempt's last rows (its terminated/truncated flag) are on disk: the write stage has
     flushed it and it is in the commit stage (fsync, then the catalog flip)."""
-    from demoforge.pipeline.contract import ANNOTATION_KEYS
+    from demoforge.stages.contract import ANNOTATION_KEYS
 
     base = episode_dir(store, episode_id) / "annotations"
     try:
@@ -333,7 +333,7 @@ class Campaign:
         self.est["daemon"] = max(self.est["generate"], self.lerobot_import_s) + 4.0
         if "export" in self.args.kinds:
             from demoforge.pipeline.runner import run_job
-            from demoforge.storage.lerobot_export import export_store
+            from demoforge.storage.lerobot.export import export_store
 
             first = self.work / "template-first"
             first.mkdir()
@@ -568,7 +568,7 @@ class Campaign:
                                               "version")
         if old is not None:
             self._check_unaltered(trial, old, ds)
-        from demoforge.storage.validate import validate_dataset
+        from demoforge.storage.lerobot.validate import validate_dataset
 
         report = validate_dataset(out)
         if report.status != 0 or report.episodes != len(ids):
@@ -614,7 +614,7 @@ class Campaign:
             if done.returncode != 0 or "Traceback" in done.stderr:
                 trial.bad("resume_clean", f"export resume exited {done.returncode}: {done.stderr[-800:]}")
         else:
-            from demoforge.storage.lerobot_export import export_store
+            from demoforge.storage.lerobot.export import export_store
 
             try:
                 export_store(store, out)
@@ -649,7 +649,7 @@ class Campaign:
         left = unfinished_leftovers(versions)
         if left:
             trial.bad("no_leftovers", f"unfinished export leftovers {left}")
-        from demoforge.storage.validate import validate_dataset
+        from demoforge.storage.lerobot.validate import validate_dataset
 
         report = validate_dataset(out, expect_segments=None)
         if report.status != 0 or report.episodes != self.n:

@@ -50,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import crash_campaign as cc  # noqa: E402  (sets the environment, finds the toy tasks)
 from powercut_fs import MODES, FuseUnavailable, PowerCut  # noqa: E402
 
-from demoforge.storage.invariants import check_committed_kept, snapshot  # noqa: E402
-from demoforge.storage.publish import versions_dir  # noqa: E402
+from demoforge.storage.crash_invariants import check_committed_kept, snapshot  # noqa: E402
+from demoforge.storage.lerobot.publish import versions_dir  # noqa: E402
 
 POWER_INVARIANTS = {
     **cc.INVARIANTS,
@@ -387,7 +387,7 @@ class PowerCutCampaign(cc.Campaign):
                 trial.bad("cut_state_verifies", f"cut {len(trial.cuts)}: the catalog cannot be read after the cut")
             return
         from demoforge.storage.reader import open_store_reader
-        from demoforge.storage.verify import verify_store
+        from demoforge.storage.store_verify import verify_store
 
         try:
             with open_store_reader(store) as view:
@@ -424,7 +424,7 @@ class PowerCutCampaign(cc.Campaign):
             self._check_final_dataset(trial, store, out, final_state)
         except Exception as exc:  # an unreadable dataset after the last run
             trial.bad("export_complete", f"the dataset cannot be read after the last run: {type(exc).__name__}: {exc}")
-        from demoforge.storage.dataset_verify import verify_dataset
+        from demoforge.storage.lerobot.file_checksums import verify_dataset
 
         try:
             report = verify_dataset(out)

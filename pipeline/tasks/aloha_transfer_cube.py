@@ -35,7 +35,6 @@ from gym_aloha.tasks.sim import TransferCubeTask  # noqa: E402
 from gym_aloha.tasks.sim_end_effector import BimanualViperXEndEffectorTask  # noqa: E402
 from gymnasium.wrappers import TimeLimit  # noqa: E402
 
-from demoforge.pipeline.contract import RecordedObservation, Segment, StepView  # noqa: E402
 from demoforge.pipeline.tasks.mujoco_gl import GL_LOCK  # noqa: E402
 from demoforge.pipeline.tasks.registry import (  # noqa: E402
     CameraSpec,
@@ -46,6 +45,7 @@ from demoforge.pipeline.tasks.registry import (  # noqa: E402
     fingerprint_options,
     register,
 )
+from demoforge.stages.contract import RecordedObservation, Segment, StepView  # noqa: E402
 
 TASK_NAME = "aloha-transfer-cube"
 ADDED_OPTIONS: dict[str, Any] = {"depth": False}  # options added later: left out of fingerprints when default

@@ -20,7 +20,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from demoforge.pipeline.contract import RecordedObservation, Segment, StepView
 from demoforge.pipeline.tasks.mujoco_gl import DepthCamera, close_renderer, own_context
 from demoforge.pipeline.tasks.registry import (
     CameraSpec,
@@ -31,6 +30,7 @@ from demoforge.pipeline.tasks.registry import (
     fingerprint_options,
     register,
 )
+from demoforge.stages.contract import RecordedObservation, Segment, StepView
 
 TASK_NAME = "fetch-pick-place"
 FETCH_ENV_ID = "FetchPickAndPlace-v4"

@@ -34,7 +34,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from demoforge.pipeline.contract import RecordedObservation
 from demoforge.pipeline.reactive import Phase, ReturnBranch, reactive_segments
 from demoforge.pipeline.tasks.metaworld_phases import PHASES, ExpertPhases
 from demoforge.pipeline.tasks.mujoco_gl import DepthCamera, close_renderer, render_rgb
@@ -48,6 +47,7 @@ from demoforge.pipeline.tasks.registry import (
     register,
 )
 from demoforge.pipeline.tasks.suite import TaskSuiteEnv
+from demoforge.stages.contract import RecordedObservation
 
 PREFIX = "metaworld-"
 SUPPORTED_METAWORLD = "3.0.0"  # the version lerobot[metaworld] 0.6.1 pins; the phase tables are written for it

@@ -21,6 +21,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from demoforge.storage.names import SAFE_NAME, TaskDefinitionError, check_name  # noqa: F401  (the task API's)
 from demoforge.storage.schema import (  # the one camera description (tasks, fingerprint, staging, export)
     CAMERA_KINDS,
     DEPTH,
@@ -37,14 +38,6 @@ class TaskOptionError(ValueError):
     """A task option is unknown or has the wrong type or range."""
 
 
-class TaskDefinitionError(ValueError):
-    """A task describes something a job cannot store: an unsafe camera or feature name, or sizes beyond the
-    job limits (refused before anything is allocated or written)."""
-
-
-# Camera and state-feature names become directory and file names (staging arrays, video paths of the
-# export): one path component of safe characters, never ".." or a hidden name.
-SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 # Job limits on what one frame may hold, whatever a task's own option checks allow.
 MAX_CAMERA_SIDE = 4096
 MAX_CAMERAS = 16
@@ -65,14 +58,6 @@ def depth_camera(camera: CameraSpec) -> CameraSpec:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def check_name(kind: str, name: object) -> str:
-    """Return ``name`` if it is a safe camera / feature name, else raise :class:`TaskDefinitionError`."""
-    if not isinstance(name, str) or not SAFE_NAME.fullmatch(name) or ".." in name:
-        raise TaskDefinitionError(f"{kind} name {name!r} is not allowed: use 1-64 characters of A-Z a-z 0-9 _ . - "
-                                  "starting with a letter, digit or underscore, without '..'")
-    return name
 
 
 def check_task_info(info: TaskInfo) -> TaskInfo:

@@ -1,6 +1,6 @@
 """A suite: several tasks in one job and one store, N episodes of each.
 
-Episode indices carry their task (:class:`~demoforge.pipeline.records.EpisodeLayout`: member ``t`` of a suite
+Episode indices carry their task (:class:`~demoforge.stages.records.EpisodeLayout`: member ``t`` of a suite
 owns indices ``t * STRIDE + k``), so every process — thread, process and Ray workers, replay — knows which
 member an episode belongs to without a shared table, and a member's abandoned episode is replaced by another
 index of the same member. The suite env is one member at a time: before each attempt's reset the executor calls
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import gymnasium as gym
 
-from demoforge.pipeline.records import EpisodeLayout
+from demoforge.stages.records import EpisodeLayout
 
 
 class TaskSuiteEnv(gym.Wrapper):

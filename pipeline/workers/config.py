@@ -7,12 +7,7 @@ from dataclasses import dataclass
 EXECUTORS = ("thread", "process", "ray")
 MAX_REMOTE_WORKERS = 1024
 
-try:  # moving to pipeline.records (a parallel refactor); the executor module re-exported it before
-    from demoforge.pipeline.records import EpisodeAssignment  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the merge order
-    from demoforge.pipeline.executor import EpisodeAssignment
-
-__all__ = ["EXECUTORS", "EpisodeAssignment", "ExecutorConfig", "ExecutorError", "ExecutorUnavailableError",
+__all__ = ["EXECUTORS", "ExecutorConfig", "ExecutorError", "ExecutorUnavailableError",
            "NoWorkersError", "RayAuthenticationError", "RayUnreachableError", "WorkerStartError", "WorkersLostError"]
 
 

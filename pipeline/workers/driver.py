@@ -28,12 +28,13 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from demoforge.pipeline.contract import EpisodeResult, TerminalReason
 from demoforge.pipeline.job import JobSpec
-from demoforge.pipeline.records import AttemptEnded, AttemptKey, AttemptStarted, EncodedFrame, EpisodeAbandoned, \
+from demoforge.stages.contract import EpisodeResult, TerminalReason
+from demoforge.stages.records import AttemptEnded, AttemptKey, AttemptStarted, EncodedFrame, EpisodeAbandoned, \
     StagedAttempt
 from demoforge.pipeline.tasks.registry import TaskInfo, get_task
-from demoforge.pipeline.workers.config import EpisodeAssignment, ExecutorConfig, ExecutorError, \
+from demoforge.pipeline.workers.config import ExecutorConfig, ExecutorError, \
+from demoforge.stages.records import EpisodeAssignment
     ExecutorUnavailableError, NoWorkersError, WorkersLostError, WorkerStartError
 from demoforge.pipeline.workers.episode_worker import Piece, WorkerSpec, interrupted_result, task_modules_for
 from demoforge.pipeline.workers.process_backend import ProcessBackend, WorkerLost

@@ -22,12 +22,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from demoforge.pipeline.contract import EpisodeResult, TerminalReason
-from demoforge.pipeline.job import VideoSettings
-from demoforge.pipeline.records import AttemptEnded, AttemptKey, AttemptStarted, EncodedFrame, EpisodeAbandoned, \
+from demoforge.stages.contract import EpisodeResult, TerminalReason
+from demoforge.stages.records import AttemptEnded, AttemptKey, AttemptStarted, EncodedFrame, EpisodeAbandoned, \
+from demoforge.stages.settings import VideoSettings
     Frame, VideoTail
 from demoforge.pipeline.tasks.registry import CameraSpec
-from demoforge.pipeline.workers.config import EpisodeAssignment, WorkerStartError
+from demoforge.pipeline.workers.config import WorkerStartError
+from demoforge.stages.records import EpisodeAssignment
 
 PieceRecord = AttemptStarted | EncodedFrame | VideoTail | AttemptEnded | EpisodeAbandoned
 
@@ -126,7 +127,7 @@ class EpisodeWorker:
 
         Frames are encoded in one thread per camera while the env computes the next step (PyAV and MuJoCo
         release the GIL), at most ``ENCODE_LAG`` frames behind; pieces carry frames in order."""
-        from demoforge.pipeline.executor import Executor
+        from demoforge.stages.executor import Executor
 
         spec = self.spec
         out = _PieceBuilder(spec.batch_frames)

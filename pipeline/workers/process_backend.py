@@ -11,8 +11,9 @@ from multiprocessing.connection import Connection
 
 import anyio
 
-from demoforge.pipeline.workers.config import EpisodeAssignment, ExecutorConfig, WorkerStartError
+from demoforge.pipeline.workers.config import ExecutorConfig, WorkerStartError
 from demoforge.pipeline.workers.episode_worker import Piece, WorkerSpec
+from demoforge.stages.records import EpisodeAssignment
 
 
 class WorkerLost(Exception):

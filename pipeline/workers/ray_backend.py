@@ -19,7 +19,8 @@ from typing import Any
 
 import anyio
 
-from demoforge.pipeline.workers.config import EpisodeAssignment, ExecutorConfig, ExecutorUnavailableError, \
+from demoforge.pipeline.workers.config import ExecutorConfig, ExecutorUnavailableError, \
+from demoforge.stages.records import EpisodeAssignment
     RayUnreachableError, WorkerStartError
 from demoforge.pipeline.workers.episode_worker import EpisodeWorker, Piece, WorkerSpec, format_exception
 from demoforge.pipeline.workers.process_backend import WorkerLost

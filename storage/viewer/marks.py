@@ -1,4 +1,4 @@
-"""Rejecting episodes from the viewer: the dataset's rejected list (``storage/rejected.py``, a file beside the
+"""Rejecting episodes from the viewer: the dataset's rejected list (``storage/lerobot/rejected.py``, a file beside the
 dataset, never inside it) as the page shows and changes it, in the keys of the version the viewer pinned.
 
 An entry is written with the episode's store and staging episode (from the sidecar) when the dataset records
@@ -11,7 +11,7 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from demoforge.storage.rejected import Rejection, read_rejections, rejected_list_path, set_rejected
+from demoforge.storage.lerobot.rejected import Rejection, read_rejections, rejected_list_path, set_rejected
 
 
 class RejectionMarks:

@@ -231,7 +231,7 @@ class DatasetSource:
     def _load(self, path: Path, version_dir: Path) -> None:
         import pyarrow.parquet as pq
 
-        from demoforge.storage.lerobot_format import depth_identity_of_info
+        from demoforge.storage.lerobot.format import depth_identity_of_info
 
         if self.files.get(INFO) is None:
             raise ViewerError(f"{path}: meta/info.json is not a regular file")

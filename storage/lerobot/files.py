@@ -1,8 +1,8 @@
 """The files of one LeRobot v3.0 dataset version, written one episode at a time: the per-camera mp4 files
 (remuxed packets, never re-encoded), the data parquet files, the episode metadata, stats, tasks and info.
 
-What goes into a version, and in which order, is ``storage/lerobot_export.py``; the names and features of the
-format are ``storage/lerobot_format.py``. Per-episode statistics are read from staging (computed while the
+What goes into a version, and in which order, is ``storage/lerobot/export.py``; the names and features of the
+format are ``storage/lerobot/format.py``. Per-episode statistics are read from staging (computed while the
 episode was recorded, ``storage/episode_stats.py``); LeRobot's ``aggregate_stats`` combines them, and its
 helpers name the paths.
 """
@@ -18,10 +18,9 @@ from typing import Any
 import av
 import numpy as np
 
-from demoforge.pipeline.contract import ANNOTATION_KEYS
 from demoforge.storage.depth import decode_codes, dequantize
 from demoforge.storage.episode_stats import EpisodeStats
-from demoforge.storage.lerobot_format import (
+from demoforge.storage.lerobot.format import (
     AUTOMATIC_COLUMNS,
     CHUNKS_SIZE,
     CODEBASE_VERSION,
@@ -30,8 +29,9 @@ from demoforge.storage.lerobot_format import (
     annotation_key,
     camera_key,
 )
-from demoforge.storage.lerobot_stats import FeatureStats, depth_stats, rgb_stats, sample_indices, strided, vector_stats
-from demoforge.storage.publish import ExportError, unlink_shared, write_json
+from demoforge.storage.lerobot.publish import ExportError, unlink_shared, write_json
+from demoforge.storage.lerobot.stats import FeatureStats, depth_stats, rgb_stats, sample_indices, strided, vector_stats
+from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.schema import CameraSpec, DepthVideoIdentity
 from demoforge.storage.staging import StagedEpisode
 from demoforge.storage.video import decode_indices

@@ -2,8 +2,8 @@
 
 The exporter: which episodes go into a new version, in which order its files are written, and the sidecar and
 marker that make it exactly-once. The files themselves (data parquet, per-camera mp4, episode metadata, stats,
-tasks, info) are written by ``storage/lerobot_files.py``; the format is ``storage/lerobot_format.py``; how a
-version is built beside the published one and swapped in is ``storage/publish.py``.
+tasks, info) are written by ``storage/lerobot/files.py``; the format is ``storage/lerobot/format.py``; how a
+version is built beside the published one and swapped in is ``storage/lerobot/publish.py``.
 
 Exactly once: the published ``meta/demoforge.json`` lists every exported staging episode with its dataset
 index; it is the truth, and the catalog's ``exported`` state is reconciled from it.
@@ -26,9 +26,18 @@ from pathlib import Path
 from typing import Any
 
 
-from demoforge.pipeline.contract import SCHEMA_VERSION
 from demoforge.storage.catalog import AttemptRow, Catalog
-from demoforge.storage.lerobot_format import (
+from demoforge.storage.lerobot.files import (
+    DataFileWriter,
+    VideoFileWriter,
+    episode_frames,
+    episode_stats,
+    write_episode_meta,
+    write_info,
+    write_stats_file,
+    write_tasks,
+)
+from demoforge.storage.lerobot.format import (
     MARKER,
     SIDECAR,
     ExportMarker,
@@ -40,17 +49,7 @@ from demoforge.storage.lerobot_format import (
     schema_differences,
     schema_identity,
 )
-from demoforge.storage.lerobot_files import (
-    DataFileWriter,
-    VideoFileWriter,
-    episode_frames,
-    episode_stats,
-    write_episode_meta,
-    write_info,
-    write_stats_file,
-    write_tasks,
-)
-from demoforge.storage.publish import (
+from demoforge.storage.lerobot.publish import (
     KEEP_VERSIONS,
     ExportError,
     NotOurDatasetError,
@@ -66,9 +65,10 @@ from demoforge.storage.publish import (
     write_json,
 )
 from demoforge.storage.reader import open_store_updater
+from demoforge.storage.schema import SCHEMA_VERSION
 from demoforge.storage.schema import AttemptState, Fingerprint
 from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore
-from demoforge.storage.verify import check_episode
+from demoforge.storage.store_verify import check_episode
 from demoforge.storage.write_errors import writing
 
 __all__ = ["ExportError", "ExportReport", "NotOurDatasetError", "SchemaMismatchError", "export_store", "export_stores"]

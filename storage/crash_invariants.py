@@ -132,7 +132,7 @@ def check_resumed_store(store: Path, *, target: int, before: StoreSnapshot | Non
     if staging or folders != kept or partial:
         bad("no_leftovers", f"staging rows {staging}, folders not committed {sorted(folders - kept)}, "
                             f"missing {sorted(kept - folders)}, partial files {partial[:3]}")
-    from demoforge.storage.verify import verify_store
+    from demoforge.storage.store_verify import verify_store
 
     with open_store_reader(store) as view:
         _fingerprint, staged = view.require_job()

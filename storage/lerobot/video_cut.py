@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import av
 
-from demoforge.storage.publish import ExportError
+from demoforge.storage.lerobot.publish import ExportError
 
 
 class VideoCutError(ExportError):

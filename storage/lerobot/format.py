@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from demoforge.pipeline.contract import ANNOTATION_KEYS
+from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.schema import CameraSpec, DepthVideoIdentity, Fingerprint
 
 MARKER = "meta/demoforge.json"

@@ -35,7 +35,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-SCHEMA_VERSION = 1
+from demoforge.storage.schema import ANNOTATION_KEYS, SCHEMA_VERSION
+
 LEGACY_SEGMENT_NAME = "legacy"
 
 
@@ -154,8 +155,6 @@ class RecordedObservation:
 
 
 # ---------------------------------------------------------------------------------------- annotations
-ANNOTATION_KEYS = ("valid", "episode_step", "segment_id", "segment_step", "segment_start", "segment_end",
-                   "terminated", "truncated")
 
 
 @dataclass(frozen=True, slots=True)

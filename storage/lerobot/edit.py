@@ -1,7 +1,7 @@
 """``demoforge edit`` and ``demoforge merge``: curate published LeRobot v3.0 datasets without re-encoding a frame.
 
-An edit chooses episodes (``storage/edit_selection.py``) and writes them as a dataset version through the
-export's publishing protocol (``storage/publish.py``): built in ``vNNNNNN.partial`` beside the published
+An edit chooses episodes (``storage/lerobot/edit_selection.py``) and writes them as a dataset version through the
+export's publishing protocol (``storage/lerobot/publish.py``): built in ``vNNNNNN.partial`` beside the published
 version, fsynced, renamed, and the link swapped with one ``rename(2)``. Readers see the old version or the
 new one; a kill at any moment leaves the old one published (the next run clears what it left). In place
 (``edit DATASET``) it is the dataset's next version; ``--out``, ``--split`` and ``merge`` write new sibling
@@ -10,7 +10,7 @@ datasets, each published the same way.
 What a version holds, file by file:
 
 - **video**: per camera, the kept episodes of each source mp4 go to one new mp4, their packets copied
-  (``storage/video_cut.py``: re-encoding only the frames before the first keyframe of an episode that does not
+  (``storage/lerobot/video_cut.py``: re-encoding only the frames before the first keyframe of an episode that does not
   start on one, and reporting them). A source file whose episodes are all kept, in order, is hard-linked.
 - **data**: the kept episodes' rows, copied with ``episode_index``, ``index`` and ``task_index`` renumbered.
 - **meta/episodes**: the kept rows, renumbered, their per-episode statistics kept (those of the renumbered
@@ -40,10 +40,17 @@ from typing import Any
 
 import numpy as np
 
-from demoforge.storage.edit_selection import Selection, SplitPart, allocate_split, select
-from demoforge.storage.edit_source import DatasetToEdit, EditError, open_dataset
-from demoforge.storage.episode_filter import EpisodeFilter
-from demoforge.storage.lerobot_format import (
+from demoforge.storage.lerobot.edit_selection import Selection, SplitPart, allocate_split, select
+from demoforge.storage.lerobot.edit_source import DatasetToEdit, EditError, open_dataset
+from demoforge.storage.lerobot.episode_filter import EpisodeFilter
+from demoforge.storage.lerobot.files import (
+    DataFileWriter,
+    next_file,
+    write_episode_table,
+    write_stats_file,
+    write_tasks,
+)
+from demoforge.storage.lerobot.format import (
     CHUNKS_SIZE,
     INFO,
     MARKER,
@@ -56,15 +63,7 @@ from demoforge.storage.lerobot_format import (
     file_checksum,
     schema_differences,
 )
-from demoforge.storage.lerobot_files import (
-    DataFileWriter,
-    next_file,
-    write_episode_table,
-    write_stats_file,
-    write_tasks,
-)
-from demoforge.storage.paths import short_path
-from demoforge.storage.publish import (
+from demoforge.storage.lerobot.publish import (
     KEEP_VERSIONS,
     Published,
     append_jsonl,
@@ -78,9 +77,10 @@ from demoforge.storage.publish import (
     versions_dir,
     write_json,
 )
-from demoforge.storage.rejected import RejectedListError, Rejection, drop_rejections, read_rejections, \
+from demoforge.storage.lerobot.rejected import RejectedListError, Rejection, drop_rejections, read_rejections, \
+from demoforge.storage.paths import short_path
     rejected_list_path
-from demoforge.storage.video_cut import CopyResult, Span, SpanCut, VideoFile, copy_spans
+from demoforge.storage.lerobot.video_cut import CopyResult, Span, SpanCut, VideoFile, copy_spans
 from demoforge.storage.write_errors import free_bytes, human_bytes, writing
 
 __all__ = ["EditError", "EditReport", "WrittenDataset", "edit_dataset", "merge_datasets"]

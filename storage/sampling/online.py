@@ -4,7 +4,7 @@
 durable (never staging, discarded or quarantined ones), reads the catalog through ``open_store_reader`` (a
 read-only SQLite connection, in short read transactions; WAL: readers never block the writer; it never
 touches ``writer.lock``) and reads only catalog rows it has not settled yet. Window semantics:
-``storage/window_index.py``. Importing this module does not import torch.
+``storage/sampling/window_index.py``. Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from demoforge.pipeline.contract import ANNOTATION_KEYS
 from demoforge.storage import depth as depth_video
 from demoforge.storage.catalog import AttemptRow, CATALOG_FILE
-from demoforge.storage.lerobot_format import annotation_key, camera_key
+from demoforge.storage.lerobot.format import annotation_key, camera_key
 from demoforge.storage.reader import StoreView, open_store_reader
+from demoforge.storage.sampling.window_index import NoEligibleWindowError, WindowIndex, check_mode
+from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.schema import READABLE_STATES, AttemptState
 from demoforge.storage.staging import StagedEpisode
 from demoforge.storage.video import decode_frames
-from demoforge.storage.window_index import NoEligibleWindowError, WindowIndex, check_mode
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ class FieldInfo:
     meaning: str
 
 
-#: What ``--keep-where`` may name; ``storage/edit_selection.py`` fills them for each episode.
+#: What ``--keep-where`` may name; ``storage/lerobot/edit_selection.py`` fills them for each episode.
 FIELDS: Mapping[str, FieldInfo] = {
     "index": FieldInfo(NUMBER, "the dataset episode index"),
     "length": FieldInfo(NUMBER, "frames"),

@@ -3,7 +3,7 @@
 :class:`SegmentWindowSampler` yields the dataset index of each window's first frame; give ``LeRobotDataset``
 ``delta_timestamps`` of ``[i / fps for i in range(C)]`` (:meth:`SegmentWindowSampler.delta_timestamps`) and
 every item is exactly the window (no padding: windows never leave their episode). Window semantics:
-``storage/window_index.py``.
+``storage/sampling/window_index.py``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from demoforge.storage.lerobot_format import INFO
-from demoforge.storage.window_index import (
+from demoforge.storage.lerobot.format import INFO
+from demoforge.storage.sampling.window_index import (
     NoEligibleWindowError,
     WindowIndex,
     check_mode,

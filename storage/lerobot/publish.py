@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from demoforge.storage.lerobot_format import INFO, MARKER, ExportMarker, MarkerError
+from demoforge.storage.durable import fsync_all, fsync_dir, fsync_file, make_dirs
+from demoforge.storage.lerobot.format import INFO, MARKER, ExportMarker, MarkerError
 from demoforge.storage.locks import try_lock
 from demoforge.storage.paths import path_problem, short_path
-from demoforge.storage.durable import fsync_all, fsync_dir, fsync_file, make_dirs
 
 KEEP_VERSIONS = 2
 VERSIONS_SUFFIX = ".versions"

@@ -15,8 +15,8 @@ from typing import Any
 import av
 import numpy as np
 
-from demoforge.pipeline.contract import ANNOTATION_KEYS
-from demoforge.storage.lerobot_format import INFO, SIDECAR, read_sidecar
+from demoforge.storage.lerobot.format import INFO, SIDECAR, read_sidecar
+from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.video import count_frames
 
 VALID, MISMATCH, UNLOADABLE = 0, 1, 2

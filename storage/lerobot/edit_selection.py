@@ -1,7 +1,7 @@
 """Which episodes an edit keeps: ``--delete``, ``--task``, ``--keep-where`` (over each episode's facts) and the
 deterministic ``--split`` of what is kept into named parts.
 
-Everything here decides; nothing writes. Bad input raises :class:`~demoforge.storage.edit_source.EditError`
+Everything here decides; nothing writes. Bad input raises :class:`~demoforge.storage.lerobot.edit_source.EditError`
 (or ``FilterError`` / ``EpisodeSpecError``, both ValueErrors the CLI reports the same way).
 """
 
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from demoforge.storage.edit_source import DatasetToEdit, EditError, SourceEpisode
-from demoforge.storage.episode_filter import EpisodeFilter
 from demoforge.storage.episode_spec import EpisodeSpecError, describe_numbers, parse_episode_ranges, \
+from demoforge.storage.lerobot.edit_source import DatasetToEdit, EditError, SourceEpisode
+from demoforge.storage.lerobot.episode_filter import EpisodeFilter
     resolve_episode_ranges
 from demoforge.storage.paths import short_path
 

@@ -1,6 +1,6 @@
 """The synchronous episode executor: runs a task's segments on a gymnasium Env or the rows of a VectorEnv.
 
-It emits records (:mod:`demoforge.pipeline.records`) and never decides durability: whether an attempt
+It emits records (:mod:`demoforge.stages.records`) and never decides durability: whether an attempt
 becomes data is the commit stage's call, made from ``AttemptEnded.result.committable``.
 
 Each vector row is its own episode and its own transaction. A row whose attempt ended is reset alone (the
@@ -17,7 +17,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from demoforge.pipeline.contract import (
+from demoforge.stages.contract import (
     ActionError,
     Annotations,
     DemoError,
@@ -35,9 +35,8 @@ from demoforge.pipeline.contract import (
     check_action,
     default_hold_action,
     find_task_method,
-    iter_segments,
 )
-from demoforge.pipeline.records import (
+from demoforge.stages.records import (
     PENDING,
     AttemptEnded,
     AttemptKey,
@@ -49,6 +48,7 @@ from demoforge.pipeline.records import (
     Record,
     WorkSource,
 )
+from demoforge.stages.segment_cursor import END, SegmentCursor
 from demoforge.storage.schema import CameraSpec
 
 
@@ -151,7 +151,6 @@ def _check_recorded(rec: Any, shapes: _Shapes, cameras: Mapping[str, CameraSpec]
 
 
 # ------------------------------------------------------------------------------------------- attempt
-_END = object()
 
 
 class _Attempt:
@@ -165,19 +164,24 @@ class _Attempt:
         self.cameras = cameras
         self.started = time.perf_counter()
         self.step = 0
-        self.segment_id = -1
-        self.segment: Segment | None = None
+        self.cursor = SegmentCursor(env, task, self._task_call)
         self.segment_start = 0
         self.segment_step = 0
-        self.actions: Iterator[Any] | None = None
         self.action: np.ndarray | None = None
         self.segments: list[SegmentResult] = []
-        self.plan: Iterator[Segment] | None = None
         self.recorded: RecordedObservation | None = None
         self.instruction: str | None = None
         self.result: EpisodeResult | None = None
         self._record = find_task_method(env, "demo_record") or default_record
         self._success = find_task_method(env, "demo_success")
+
+    @property
+    def segment(self) -> Segment | None:
+        return self.cursor.segment
+
+    @property
+    def segment_id(self) -> int:
+        return self.cursor.segment_id
 
     # -- helpers
     def where(self) -> dict[str, Any]:
@@ -202,30 +206,17 @@ class _Attempt:
         instruction_fn = find_task_method(self.env, "demo_instruction")
         self.instruction = str(instruction_fn()) if instruction_fn else None
         self.observe(observation)
-        self.plan = self._task_call("create_demo_segments", iter_segments, self.env, self.task)
-        if not self._next_segment():
+        if not self.cursor.start():
             self._finish(TerminalReason.EMPTY_PLAN, completed=False, success=False)
             return
+        self.segment_start, self.segment_step = self.step, 0
         if not self._next_action():
             self._close_segment(False, "segment yielded no actions")
             self._finish(TerminalReason.EMPTY_SEGMENT, completed=False, success=False)
 
-    def _next_segment(self) -> bool:
-        assert self.plan is not None
-        segment = self._task_call("planning the next segment", next, self.plan, _END)
-        if segment is _END:
-            return False
-        self.segment = segment
-        self.segment_id += 1
-        self.segment_start = self.step
-        self.segment_step = 0
-        self.actions = iter(segment.actions)
-        return True
-
     def _next_action(self) -> bool:
-        assert self.actions is not None
-        raw = self._task_call(f"segment {self.segment.name!r} action generator", next, self.actions, _END)
-        if raw is _END:
+        raw = self.cursor.next_action()
+        if raw is END:
             return False
         self.action = check_action(raw, self.action_space)
         return True
@@ -282,16 +273,13 @@ class _Attempt:
         if self._next_action():
             return False, False
         # The segment's actions ran out: validate, then plan the next one from the state it left.
-        seg = self.segment
-        assert seg is not None
-        if seg.validator is not None:
-            verdict = self._task_call(f"segment {seg.name!r} validator", seg.validator, view)
-            if not as_bool_verdict(verdict, f"segment {seg.name!r} validator"):
-                self._close_segment(False, "validator rejected the segment")
-                self._finish(TerminalReason.SEGMENT_VALIDATION_FAILED, completed=False, success=False)
-                return True, False
+        if not self.cursor.validate(view):
+            self._close_segment(False, "validator rejected the segment")
+            self._finish(TerminalReason.SEGMENT_VALIDATION_FAILED, completed=False, success=False)
+            return True, False
         self._close_segment(True, None)
-        if self._next_segment():
+        if self.cursor.next_segment():
+            self.segment_start, self.segment_step = self.step, 0
             if self._next_action():
                 return True, False
             self._close_segment(False, "segment yielded no actions")

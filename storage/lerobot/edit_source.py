@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from demoforge.storage.lerobot_format import INFO, MARKER, SIDECAR, TASKS, ExportMarker, MarkerError, read_sidecar
-from demoforge.storage.publish import VERSIONS_SUFFIX, ExportError, Published, resolve_target
+from demoforge.storage.lerobot.format import INFO, MARKER, SIDECAR, TASKS, ExportMarker, MarkerError, read_sidecar
+from demoforge.storage.lerobot.publish import VERSIONS_SUFFIX, ExportError, Published, resolve_target
 from demoforge.storage.paths import short_path
 
 EPISODES_GLOB = "meta/episodes/*/*.parquet"
@@ -188,7 +188,7 @@ class DatasetToEdit:
         """The demuxed ``VideoFile`` of one of the dataset's mp4 files, for a copy. The last few stay in memory
         (timestamps and flags only): the parts of a split demux each file once, and all but the first read it
         again only to copy its packets."""
-        from demoforge.storage.video_cut import VideoFile
+        from demoforge.storage.lerobot.video_cut import VideoFile
 
         video = self._videos.pop(path, None)
         if video is None:

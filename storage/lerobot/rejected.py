@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from demoforge.storage.publish import VERSIONS_SUFFIX
+from demoforge.storage.lerobot.publish import VERSIONS_SUFFIX
 
 REJECTED_SUFFIX = ".rejected.json"
 FORMAT = 1

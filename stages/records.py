@@ -1,5 +1,6 @@
 """Frozen records that cross stage boundaries: what the executor emits and every later stage consumes, and
-the types that feed it work (the plan stage's assignments, the resume state they are planned from).
+the types that feed it work (the plan stage's assignments; the resume state they are planned from is the
+catalog's, storage/catalog.py).
 
 Frames of several attempts interleave (vector rows, several workers), so every record carries the
 :class:`AttemptKey` it belongs to and stages key their state by it.
@@ -14,19 +15,10 @@ from typing import ClassVar, Literal, Protocol
 
 import numpy as np
 
-from demoforge.pipeline.contract import Annotations, EpisodeResult
+from demoforge.stages.contract import Annotations, EpisodeResult
 
 
 # ---------------------------------------------------------------------------- work for the executor
-@dataclass(frozen=True)
-class ResumeState:
-    """What a (re)started job needs: done episodes and the attempts already spent on the others."""
-
-    committed: frozenset[int]
-    spent_attempts: Mapping[int, int]
-    quarantined: frozenset[int] = frozenset()
-
-
 @dataclass(frozen=True)
 class EpisodeLayout:
     """How a job's episode indices divide among its tasks. A job of one task numbers its episodes 0, 1, 2, ...;
@@ -151,7 +143,7 @@ class EncodedFrame:
 @dataclass(frozen=True, eq=False)
 class CameraTail:
     """What one camera's encoder hands over when its attempt ends: the bytes it flushed and LeRobot's
-    statistics of the attempt's frames (``storage/lerobot_stats.py``: per channel min, max, mean, std, count,
+    statistics of the attempt's frames (``storage/lerobot/stats.py``: per channel min, max, mean, std, count,
     quantiles; numpy arrays by name)."""
 
     data: bytes

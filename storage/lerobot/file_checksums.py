@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from demoforge.storage.lerobot_format import MARKER, file_checksum
-from demoforge.storage.publish import ExportError, resolve_target
+from demoforge.storage.lerobot.format import MARKER, file_checksum
+from demoforge.storage.lerobot.publish import ExportError, resolve_target
 
 SAMPLE_FRAMES = 3  # per video file: its first, middle and last frame
 
