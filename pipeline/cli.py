@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("MUJOCO_GL", "egl")  # offscreen rendering on machines without a display
 
 from rich.console import Console
 from rich.table import Table
@@ -970,12 +969,14 @@ def _known_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from demoforge.pipeline.environment import prepare_process
     from demoforge.stages.malloc import limit_malloc_arenas, make_uninitialized_reads_deterministic
     from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, describe_write_failure
     from demoforge.pipeline.workers.config import WorkersLostError
     from demoforge.storage.write_errors import is_write_error
 
     args = build_parser().parse_args(argv)
+    prepare_process()
     limit_malloc_arenas()
     make_uninitialized_reads_deterministic()
     err = _console(stderr=True)

@@ -20,7 +20,6 @@ elsewhere), as is a reward or flag that differs.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -33,8 +32,6 @@ from demoforge.stages.segment_cursor import END, SegmentCursor
 from demoforge.storage.episode_source import EpisodeRef, EpisodeSource, RecordedEpisode
 from demoforge.storage.provenance import library_versions, version_differences
 from demoforge.storage.schema import ANNOTATION_KEYS, DepthVideoIdentity
-
-os.environ.setdefault("MUJOCO_GL", "egl")  # replay workers render offscreen like generation does
 
 REPRODUCED, DIVERGED, ERROR = "reproduced", "diverged", "error"
 COL = {key: i for i, key in enumerate(ANNOTATION_KEYS)}

@@ -23,6 +23,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
+from demoforge.pipeline.environment import prepare_process
 from demoforge.pipeline.faults import stage_delays
 from demoforge.pipeline.job import JobSpec
 from demoforge.pipeline.tasks.registry import get_task
@@ -265,5 +266,6 @@ class JobRunner:
 
 def run_job(spec: JobSpec, store_dir: Path | str, on_progress: Callable[[JobStats], None] | None = None,
             handle_signals: bool = False, executor: ExecutorConfig | None = None) -> JobReport:
+    prepare_process()  # the library's generate() comes in here, not through the CLI
     runner = JobRunner(spec, store_dir, on_progress, executor=executor)
     return anyio.run(lambda: runner.run(handle_signals=handle_signals))

@@ -5,13 +5,9 @@ The job (pipeline/job.py) carries them; they live here so that the stages need n
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from demoforge.storage.schema import VideoIdentity
-
-# SVT-AV1 prints a banner per encoder at info level; keep it to warnings unless the user asks.
-os.environ.setdefault("SVT_LOG", "1")
 
 CODEC_ALIASES = {"av1": "libsvtav1", "libx264": "h264", "x264": "h264"}
 SUPPORTED_CODECS = ("libsvtav1", "h264", "hevc", "libaom-av1")

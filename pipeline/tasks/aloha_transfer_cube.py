@@ -9,10 +9,8 @@ plan lazy: each segment starts from the pose and cube position the previous one 
 
 from __future__ import annotations
 
-import os
 
 # Offscreen rendering on a headless machine; must be chosen before dm_control is imported.
-os.environ.setdefault("MUJOCO_GL", "egl")
 
 import collections  # noqa: E402
 from collections.abc import Callable, Iterator, Mapping  # noqa: E402

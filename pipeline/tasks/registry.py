@@ -21,6 +21,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from demoforge.pipeline.environment import prepare_process
 from demoforge.storage.names import SAFE_NAME, TaskDefinitionError, check_name  # noqa: F401  (the task API's)
 from demoforge.storage.schema import (  # the one camera description (tasks, fingerprint, staging, export)
     CAMERA_KINDS,
@@ -147,6 +148,7 @@ class TaskEntry:
         return check_task_info(self.describe(self.resolve_options(options)))
 
     def build(self, options: Mapping[str, Any] | None = None) -> gym.Env:
+        prepare_process()  # before the task's simulator opens a GL context or an encoder starts
         self.info(options)  # refuse an unsafe or oversized description before the env allocates anything
         return self.make_env(self.resolve_options(options))
 
@@ -279,6 +281,7 @@ def _load_entry_point(ep: importlib.metadata.EntryPoint) -> TaskEntry | None:
 def _load_task_modules() -> None:
     """Import the modules named in ``DEMOFORGE_TASK_MODULES``; a module that fails is recorded, not raised,
     so one broken plugin does not hide the other tasks."""
+    prepare_process()
     for module in filter(None, (m.strip() for m in os.environ.get(TASK_MODULES_ENV, "").split(","))):
         if module in _FAILURES:
             continue
@@ -295,6 +298,7 @@ def plugin_failures() -> list[PluginFailure]:
 
 def get_task(name: str) -> TaskEntry:
     """The task called ``name``: built-in, registered, an installed entry point, or a ``module:factory`` spec."""
+    prepare_process()  # a task module may import its simulator
     if name not in _REGISTRY and name in _BUILTIN_MODULES:
         importlib.import_module(_BUILTIN_MODULES[name])
     family = next((module for prefix, module in _BUILTIN_FAMILIES.items() if name.startswith(prefix)), None)
@@ -321,6 +325,7 @@ def get_task(name: str) -> TaskEntry:
 
 
 def _family_names() -> set[str]:
+    prepare_process()
     names: set[str] = set()
     for module in _BUILTIN_FAMILIES.values():
         names.update(importlib.import_module(module).task_names())

@@ -29,15 +29,27 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from demoforge.pipeline.job import JobSpec
-from demoforge.stages.contract import EpisodeResult, TerminalReason
-from demoforge.stages.records import AttemptEnded, AttemptKey, AttemptStarted, EncodedFrame, EpisodeAbandoned, \
-    StagedAttempt
 from demoforge.pipeline.tasks.registry import TaskInfo, get_task
-from demoforge.pipeline.workers.config import ExecutorConfig, ExecutorError, \
-from demoforge.stages.records import EpisodeAssignment
-    ExecutorUnavailableError, NoWorkersError, WorkersLostError, WorkerStartError
+from demoforge.pipeline.workers.config import (
+    ExecutorConfig,
+    ExecutorError,
+    ExecutorUnavailableError,
+    NoWorkersError,
+    WorkersLostError,
+    WorkerStartError,
+)
 from demoforge.pipeline.workers.episode_worker import Piece, WorkerSpec, interrupted_result, task_modules_for
 from demoforge.pipeline.workers.process_backend import ProcessBackend, WorkerLost
+from demoforge.stages.contract import EpisodeResult, TerminalReason
+from demoforge.stages.records import (
+    AttemptEnded,
+    AttemptKey,
+    AttemptStarted,
+    EncodedFrame,
+    EpisodeAbandoned,
+    EpisodeAssignment,
+    StagedAttempt,
+)
 from demoforge.stages.step import StepTimeoutError
 
 UNPLACED_NOTICE_S = 2.0  # a start still unplaced then and a second later is said to wait for room

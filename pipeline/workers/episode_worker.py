@@ -22,18 +22,25 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from demoforge.stages.contract import EpisodeResult, TerminalReason
-from demoforge.stages.records import AttemptEnded, AttemptKey, AttemptStarted, EncodedFrame, EpisodeAbandoned, \
-from demoforge.stages.settings import VideoSettings
-    Frame, VideoTail
-from demoforge.pipeline.tasks.registry import CameraSpec
+from demoforge.pipeline.environment import WORKER_ENVIRONMENT
 from demoforge.pipeline.workers.config import WorkerStartError
-from demoforge.stages.records import EpisodeAssignment
+from demoforge.stages.contract import EpisodeResult, TerminalReason
+from demoforge.stages.records import (
+    AttemptEnded,
+    AttemptKey,
+    AttemptStarted,
+    EncodedFrame,
+    EpisodeAbandoned,
+    EpisodeAssignment,
+    Frame,
+    VideoTail,
+)
+from demoforge.stages.settings import VideoSettings
+from demoforge.storage.schema import CameraSpec
 
 PieceRecord = AttemptStarted | EncodedFrame | VideoTail | AttemptEnded | EpisodeAbandoned
 
 # Set in every worker before any simulator is imported (a Ray worker does not inherit the driver's shell).
-WORKER_ENVIRONMENT = {"MUJOCO_GL": "egl", "SVT_LOG": "1", "HF_HUB_OFFLINE": "1"}
 MAX_PIECE_BYTES = 8 << 20  # a piece is also cut when its encoded bytes reach this...
 ENCODE_LAG = 2  # frames a camera's encoder may be behind the env
 MAX_PIECE_SECONDS = 0.5  # ...or when it has been filling this long: a slow env still reports progress, so the

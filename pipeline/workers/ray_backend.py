@@ -19,12 +19,16 @@ from typing import Any
 
 import anyio
 
-from demoforge.pipeline.workers.config import ExecutorConfig, ExecutorUnavailableError, \
-from demoforge.stages.records import EpisodeAssignment
-    RayUnreachableError, WorkerStartError
+from demoforge.pipeline.workers.config import (
+    ExecutorConfig,
+    ExecutorUnavailableError,
+    RayUnreachableError,
+    WorkerStartError,
+)
 from demoforge.pipeline.workers.episode_worker import EpisodeWorker, Piece, WorkerSpec, format_exception
 from demoforge.pipeline.workers.process_backend import WorkerLost
 from demoforge.pipeline.workers.ray_auth import settle_auth
+from demoforge.stages.records import EpisodeAssignment
 
 INSTALL_HINT = "install it with: pip install 'demoforge[ray]' (on the driver and on every worker machine)"
 LOCAL_OBJECT_STORE_BYTES = 256 << 20  # pieces are small and bounded in number; Ray's default takes 30% of RAM

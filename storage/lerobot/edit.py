@@ -77,10 +77,15 @@ from demoforge.storage.lerobot.publish import (
     versions_dir,
     write_json,
 )
-from demoforge.storage.lerobot.rejected import RejectedListError, Rejection, drop_rejections, read_rejections, \
-from demoforge.storage.paths import short_path
-    rejected_list_path
+from demoforge.storage.lerobot.rejected import (
+    RejectedListError,
+    Rejection,
+    drop_rejections,
+    read_rejections,
+    rejected_list_path,
+)
 from demoforge.storage.lerobot.video_cut import CopyResult, Span, SpanCut, VideoFile, copy_spans
+from demoforge.storage.paths import short_path
 from demoforge.storage.write_errors import free_bytes, human_bytes, writing
 
 __all__ = ["EditError", "EditReport", "WrittenDataset", "edit_dataset", "merge_datasets"]

@@ -16,10 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from demoforge.storage.episode_spec import EpisodeSpecError, describe_numbers, parse_episode_ranges, \
+from demoforge.storage.episode_spec import (
+    EpisodeSpecError,
+    describe_numbers,
+    parse_episode_ranges,
+    resolve_episode_ranges,
+)
 from demoforge.storage.lerobot.edit_source import DatasetToEdit, EditError, SourceEpisode
 from demoforge.storage.lerobot.episode_filter import EpisodeFilter
-    resolve_episode_ranges
 from demoforge.storage.paths import short_path
 
 SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
