@@ -611,8 +611,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
                 raise StoreError(f"{args.store} has no job fingerprint; nothing was ever generated there")
             staging = StagingStore(args.store, EpisodeLayout.from_fingerprint(fingerprint))
             console = _console(stderr=True)
-            report = prune_exported(catalog, staging, progress=lambda done, total: console.print(
-                f"pruned {done}/{total}") if done == total or done % 500 == 0 else None)
+            try:
+                report = prune_exported(catalog, staging, progress=lambda done, total: console.print(
+                    f"pruned {done}/{total}") if done == total or done % 500 == 0 else None)
+            finally:
+                staging.close()
         finally:
             catalog.close()
     finally:

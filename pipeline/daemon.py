@@ -161,7 +161,10 @@ class GenerationDaemon:
             fingerprint = catalog.fingerprint()
             assert fingerprint is not None  # the runner bound the job before any export
             staging = StagingStore(self.config.store, EpisodeLayout.from_fingerprint(fingerprint))
-            return prune_exported(catalog, staging)
+            try:
+                return prune_exported(catalog, staging)
+            finally:
+                staging.close()
         finally:
             catalog.close()
 

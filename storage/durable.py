@@ -56,20 +56,35 @@ def make_dirs(path: Path) -> list[Path]:
     return created
 
 
-_FSYNC_POOL: ThreadPoolExecutor | None = None
+class FsyncPool:
+    """Threads that fsync many files at once: the file system folds concurrent fsyncs into few journal commits
+    (measured 5-15x faster for an episode's files than one after another, docs/scale-out.md). Owned by what
+    writes (a store's staging area, a dataset version being published) and closed with it; the threads start
+    at the first batch."""
 
+    def __init__(self, threads: int = 16) -> None:
+        self._threads = threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
 
-def fsync_pool() -> ThreadPoolExecutor:
-    """Threads for fsyncing many files at once: the file system folds concurrent fsyncs into few journal
-    commits (measured 5-15x faster for an episode's files than one after another, docs/scale-out.md)."""
-    global _FSYNC_POOL
-    if _FSYNC_POOL is None:
-        _FSYNC_POOL = ThreadPoolExecutor(16, thread_name_prefix="fsync")
-    return _FSYNC_POOL
+    def fsync_all(self, files: Iterable[Path], dirs: Iterable[Path] = ()) -> None:
+        """fsync the files, then the folders, concurrently; every one has returned before this does (the
+        first failure is raised)."""
+        if self._closed:
+            raise RuntimeError("the fsync pool was closed")
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._threads, thread_name_prefix="fsync")
+        list(self._executor.map(fsync_file, files))
+        list(self._executor.map(fsync_dir, dirs))
 
+    def close(self) -> None:
+        self._closed = True
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
-def fsync_all(files: Iterable[Path], dirs: Iterable[Path] = ()) -> None:
-    """fsync the files, then the folders, concurrently; every one has returned before this does."""
-    pool = fsync_pool()
-    list(pool.map(fsync_file, files))
-    list(pool.map(fsync_dir, dirs))
+    def __enter__(self) -> FsyncPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -53,7 +53,7 @@ import zarr.api.asynchronous
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync as zarr_sync
 
-from demoforge.storage.durable import fsync_all, fsync_dir, fsync_file
+from demoforge.storage.durable import FsyncPool, fsync_dir, fsync_file
 from demoforge.storage.episode_stats import EpisodeStats
 from demoforge.storage.errors import ReadOnlyError
 from demoforge.storage.lerobot.stats import json_digest
@@ -402,6 +402,7 @@ class StagingStore:
         self.layout = layout
         self.read_only = read_only
         self._root: zarr.Group | None = None
+        self._fsync = FsyncPool()  # the episodes' commits; closed with the store
         if not read_only:
             self._root = zarr.open_group(str(self.path), mode="a")
             self._root.require_group(EPISODES_DIR)
@@ -419,6 +420,10 @@ class StagingStore:
             fsync_dir(episodes)
             fsync_dir(self.path)
             fsync_dir(self.store_dir)
+
+    def close(self) -> None:
+        """Stop the fsync threads (a writer's; nothing else needs closing)."""
+        self._fsync.close()
 
     def _writable(self, operation: str) -> zarr.Group:
         if self._root is None:
@@ -467,7 +472,7 @@ class StagingStore:
             for dirpath, _dirnames, filenames in os.walk(path):
                 files.extend(Path(dirpath) / name for name in filenames)
                 dirs.append(Path(dirpath))
-            fsync_all(files, dirs)
+            self._fsync.fsync_all(files, dirs)
             fsync_dir(path.parent)
             fsync_dir(self.path)
 

@@ -75,6 +75,7 @@ class JobStore:
         return cls(path, catalog, staging, lock_fd, report, created)
 
     def close(self) -> None:
+        self.staging.close()
         self.catalog.close()
         os.close(self._lock_fd)
 

@@ -70,6 +70,12 @@ def test_long_episode_adds_one_file_per_array_per_shard_and_buffers_at_most_a_sh
     staging.make_durable("ep00000000-a00")
     back = staging.read_episode("ep00000000-a00", frames, sizes)
     assert back.content_hash() == writer.content_hash() and len(back.video["top"]) == frames * 3000
+    # The commit's fsync threads belong to this store and end with it (none left behind in the process).
+    import threading
+
+    assert any(t.name.startswith("fsync") for t in threading.enumerate())
+    staging.close()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("fsync")]
 
 
 def test_format1_store_is_read_exported_and_resumed(tmp_path: Path) -> None:

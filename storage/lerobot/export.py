@@ -29,6 +29,7 @@ from typing import Any
 from demoforge.storage.catalog import AttemptRow, Catalog
 from demoforge.storage.lerobot.files import (
     DataFileWriter,
+    EpisodeMetaRow,
     VideoFileWriter,
     episode_frames,
     episode_stats,
@@ -346,7 +347,7 @@ class _VersionWriter:
         videos = {c.name: VideoFileWriter(build, camera_key(c.name), old.next_videos.get(c.name, (0, 0))
                                            if old else (0, 0), self.fps) for c in self.cameras}
         data = DataFileWriter(build, self.features, old.next_data if old else (0, 0))
-        meta_rows: list[dict[str, Any]] = []  # small per-episode records (stats, indices): kept to the end
+        meta_rows: list[EpisodeMetaRow] = []  # small per-episode records (stats, indices): kept to the end
         stats_cache: dict[tuple[str, bytes], Any] = {}
         sidecar: list[dict[str, Any]] = []
         frame = first_frame
@@ -368,12 +369,10 @@ class _VersionWriter:
                     cols = episode_frames(ep, index, frame, task_index, self.fps, record)
                     stats = episode_stats(ep, cols, self.cameras, self.fp.depth_video, stats_cache)
                     data_span = data.add(cols)
-                    meta_rows.append({"episode_index": index, "tasks": [instruction], "length": frames,
-                                      "dataset_from_index": frame, "dataset_to_index": frame + frames,
-                                      **{f"videos/{camera_key(c.name)}/{k}": v for c in self.cameras
-                                         for k, v in zip(("chunk_index", "file_index", "from_timestamp",
-                                                          "to_timestamp"), spans[c.name])},
-                                      "_stats": stats, "_data": data_span})
+                    meta_rows.append(EpisodeMetaRow(
+                        episode_index=index, task=instruction, length=frames, dataset_from_index=frame,
+                        dataset_to_index=frame + frames, data_file=data_span,
+                        videos={camera_key(c.name): spans[c.name] for c in self.cameras}, stats=stats))
                     sidecar.append({**record, "schema_version": SCHEMA_VERSION, "dataset_episode_index": index,
                                     **source.origin(), "staging_episode_id": row.episode_id,
                                     "staging_episode_index": row.episode_index, "length": frames,
@@ -394,14 +393,13 @@ class _VersionWriter:
             written += writer.files
         written += data.files
         self.pause("after_videos")
-        meta_next, files = write_episode_meta(build, meta_rows, [m.pop("_data") for m in meta_rows],
-                                               old.next_meta if old else (0, 0))
+        meta_next, files = write_episode_meta(build, meta_rows, old.next_meta if old else (0, 0))
         written += files
         self.pause("after_data")
 
         # small metadata, rewritten whole: tasks, stats, info, sidecar, marker (last).
         written += write_tasks(build, tasks)
-        written.append(write_stats_file(build, [m["_stats"] for m in meta_rows], old is not None))
+        written.append(write_stats_file(build, [m.stats for m in meta_rows], old is not None))
         total_episodes, total_frames = first_index + len(self.exported), frame
         written.append(write_info(build, self.features, self.fps, total_episodes, total_frames, len(tasks)))
         written.append(append_jsonl(build / SIDECAR, sidecar))

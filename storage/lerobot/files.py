@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import io
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -301,23 +302,40 @@ def _stats_columns(stats: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, A
             for feature, per in stats.items() for name, value in per.items()}
 
 
-def write_episode_meta(build: Path, rows: Sequence[dict[str, Any]], data_spans: Sequence[tuple[int, int]],
-                        start: Sequence[int]) -> tuple[tuple[int, int], list[Path]]:
+@dataclass(frozen=True)
+class EpisodeMetaRow:
+    """One exported episode's row of ``meta/episodes``: its indices, where its data rows and video lie, and
+    its statistics (collected over an export, written when its episodes are all in)."""
+
+    episode_index: int
+    task: str
+    length: int
+    dataset_from_index: int
+    dataset_to_index: int
+    data_file: tuple[int, int]  # (chunk, file) of the data parquet holding its rows
+    videos: Mapping[str, tuple[int, int, float, float]]  # video key: chunk, file, from and to timestamp
+    stats: Mapping[str, FeatureStats]
+
+    def record(self, meta_file: tuple[int, int]) -> dict[str, Any]:
+        """The row as LeRobot's writer lays it out (column names and order)."""
+        return {"episode_index": self.episode_index, "tasks": [self.task], "length": self.length,
+                "data/chunk_index": self.data_file[0], "data/file_index": self.data_file[1],
+                "dataset_from_index": self.dataset_from_index, "dataset_to_index": self.dataset_to_index,
+                **{f"videos/{key}/{name}": value for key, span in self.videos.items()
+                   for name, value in zip(("chunk_index", "file_index", "from_timestamp", "to_timestamp"), span)},
+                **_stats_columns(self.stats),
+                "meta/episodes/chunk_index": meta_file[0], "meta/episodes/file_index": meta_file[1]}
+
+
+def write_episode_meta(build: Path, rows: Sequence[EpisodeMetaRow], start: Sequence[int]
+                       ) -> tuple[tuple[int, int], list[Path]]:
+    """Write the rows as one ``meta/episodes`` file at cursor ``start``; returns the next cursor and the file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from lerobot.datasets.utils import DEFAULT_EPISODES_PATH
 
     chunk, file = int(start[0]), int(start[1])
-    records = []
-    for row, (dchunk, dfile) in zip(rows, data_spans):
-        rec = {k: v for k, v in row.items() if k != "_stats"}
-        rec = {"episode_index": rec.pop("episode_index"), "tasks": rec.pop("tasks"), "length": rec.pop("length"),
-               "data/chunk_index": dchunk, "data/file_index": dfile,
-               "dataset_from_index": rec.pop("dataset_from_index"), "dataset_to_index": rec.pop("dataset_to_index"),
-               **rec, **_stats_columns(row["_stats"]),
-               "meta/episodes/chunk_index": chunk, "meta/episodes/file_index": file}
-        records.append(rec)
-    table = pa.Table.from_pylist(records)
+    table = pa.Table.from_pylist([row.record((chunk, file)) for row in rows])
     path = build / DEFAULT_EPISODES_PATH.format(chunk_index=chunk, file_index=file)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, compression="snappy")

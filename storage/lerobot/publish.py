@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from demoforge.storage.durable import fsync_all, fsync_dir, fsync_file, make_dirs
+from demoforge.storage.durable import FsyncPool, fsync_dir, fsync_file, make_dirs
 from demoforge.storage.lerobot.format import INFO, MARKER, ExportMarker, MarkerError
 from demoforge.storage.locks import try_lock
 from demoforge.storage.paths import path_problem, short_path
@@ -181,7 +181,8 @@ def publish_version(target: Published, build: Path, written: Iterable[Path],
     """fsync what was written and every folder, rename the build into place, swap the link. Returns the
     version's name. ``pause`` is the fault-injection hook (tests kill the process there)."""
     pause("before_fsync")
-    fsync_all(written, [Path(dirpath) for dirpath, _dirs, _files in os.walk(build)])  # one batch for the version
+    with FsyncPool() as pool:  # one batch for the version
+        pool.fsync_all(written, [Path(dirpath) for dirpath, _dirs, _files in os.walk(build)])
     final = build.with_name(build.name.removesuffix(".partial"))
     os.rename(build, final)
     fsync_dir(target.versions)
