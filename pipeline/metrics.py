@@ -71,7 +71,7 @@ class JobMetrics:
         for name, depth in stats.queue_depths().items():
             self.queue_depth.labels(name).set(depth)
         busy: dict[str, float] = {}
-        for key, seconds in list(stats.busy.items()):
+        for key, seconds in stats.busy.snapshot().items():
             stage = key.partition(":")[0]
             busy[stage] = busy.get(stage, 0.0) + seconds
         for stage, seconds in busy.items():

@@ -10,6 +10,7 @@ workers: nothing is dropped and memory is bounded by the queues, not by episode 
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -30,10 +31,11 @@ from demoforge.pipeline.tasks.registry import get_task
 from demoforge.pipeline.workers.config import ExecutorConfig
 from demoforge.pipeline.workers.driver import RemoteExecutor, WorkerCount
 from demoforge.stages.commit import commit_stage
+from demoforge.stages.context import BusyMeter, StageContext
 from demoforge.stages.encode import encode_stage
 from demoforge.stages.plan import EpisodePlanner, RunawayStop
 from demoforge.stages.records import EpisodeAssignment, Record, StagedAttempt
-from demoforge.stages.step import step_stage
+from demoforge.stages.step import StepSettings, step_stage
 from demoforge.stages.write import write_stage
 from demoforge.storage.recovery import RecoveryReport, release_unfinished
 from demoforge.storage.store import JobStore
@@ -53,7 +55,7 @@ class JobStats:
     last_commit_at: float | None = None
     started_at: float = field(default_factory=time.monotonic)
     queues: dict[str, MemoryObjectSendStream[Any]] = field(default_factory=dict)
-    busy: dict[str, float] = field(default_factory=dict)  # seconds of work per stage
+    busy: BusyMeter = field(default_factory=BusyMeter)  # seconds of work per stage
     # a suite's committed episodes per member task (this run's and earlier runs'); empty for one task
     per_task: Counter[str] = field(default_factory=Counter)
     per_task_target: int = 0  # episodes of each member
@@ -166,7 +168,7 @@ class JobRunner:
 
     async def _run(self, remote: RemoteExecutor | None, handle_signals: bool) -> JobReport:
         spec, info = self.spec, self.info
-        delays = stage_delays()
+        context = StageContext(stop=self._stop, busy=self.stats.busy, delays=stage_delays())
         store = await anyio.to_thread.run_sync(JobStore.open, self.store_dir, spec.fingerprint(info))
         try:
             resume = store.catalog.resume_state()
@@ -220,32 +222,22 @@ class JobRunner:
                     tg.start_soon(remote.run, assign_recv, enc_send, self._stop)
                 else:
                     async with assign_recv, step_send:
+                        step = StepSettings(task=spec.task, job_seed=spec.seed, max_attempts=spec.max_attempts,
+                                            num_envs=spec.num_envs, cameras=info.cameras,
+                                            step_timeout_s=spec.step_timeout_s, send_batch=max(1, q // 4))
+                        make_env = functools.partial(self.entry.build, spec.task_options)
                         for worker in range(spec.workers):
-                            tg.start_soon(lambda w=worker: step_stage(
-                                w, lambda: self.entry.build(spec.task_options), task=spec.task,
-                                num_envs=spec.num_envs, job_seed=spec.seed, max_attempts=spec.max_attempts,
-                                assignments=assign_recv.clone(), send=step_send.clone(), stop=self._stop,
-                                delay_s=delays.get("step", 0.0), busy=stats.busy, step_timeout_s=spec.step_timeout_s,
-                                cameras=info.cameras, send_batch=max(1, q // 4)))
-                    tg.start_soon(lambda: encode_stage(step_recv, enc_send, cameras=info.cameras, fps=info.fps,
-                                                       settings=spec.video, delay_s=delays.get("encode", 0.0),
-                                                       busy=stats.busy, stats_dir=self.store_dir))
-                tg.start_soon(lambda: write_stage(enc_recv, write_send, staging=store.staging,
-                                                  catalog=store.catalog, delay_s=delays.get("write", 0.0),
-                                                  busy=stats.busy))
+                            tg.start_soon(step_stage, worker, make_env, step, assign_recv.clone(), step_send.clone(),
+                                          context)
+                    tg.start_soon(functools.partial(encode_stage, step_recv, enc_send, cameras=info.cameras,
+                                                    fps=info.fps, settings=spec.video, context=context,
+                                                    stats_dir=self.store_dir))
+                tg.start_soon(functools.partial(write_stage, enc_recv, write_send, staging=store.staging,
+                                                catalog=store.catalog, context=context))
                 await commit_stage(write_recv, staging=store.staging, catalog=store.catalog, planner=planner,
-                                   on_outcome=on_outcome, delay_s=delays.get("commit", 0.0), busy=stats.busy)
+                                   on_outcome=on_outcome, context=context)
                 tg.cancel_scope.cancel()  # only the signal watcher can still be running
-            return JobReport(store=self.store_dir, target=self.target,
-                             committed_total=stats.total_committed, committed_this_run=stats.committed,
-                             discarded=dict(stats.discarded), abandoned=len(planner.abandoned),
-                             frames_this_run=stats.frames, elapsed_s=time.monotonic() - stats.started_at,
-                             recovery=store.recovery, interrupted=self._stop.is_set(),
-                             runaway=planner.runaway, workers=stats.workers, per_task=tuple(
-                                 TaskOutcome(m, planner.committed_of(g),
-                                             sum(1 for i in planner.abandoned if self.layout.group(i) == g),
-                                             planner.given_up.get(g))
-                                 for g, m in enumerate(members)))
+            return self._report(store, planner)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(release_unfinished, store.catalog, store.staging)
@@ -253,6 +245,19 @@ class JobRunner:
         finally:
             self._planner = None
             await anyio.to_thread.run_sync(store.close)
+
+    def _report(self, store: JobStore, planner: EpisodePlanner) -> JobReport:
+        stats = self.stats
+        per_task = tuple(TaskOutcome(member, planner.committed_of(g),
+                                     sum(1 for i in planner.abandoned if self.layout.group(i) == g),
+                                     planner.given_up.get(g))
+                         for g, member in enumerate(self.info.suite))
+        return JobReport(store=self.store_dir, target=self.target, committed_total=stats.total_committed,
+                         committed_this_run=stats.committed, discarded=dict(stats.discarded),
+                         abandoned=len(planner.abandoned), frames_this_run=stats.frames,
+                         elapsed_s=time.monotonic() - stats.started_at, recovery=store.recovery,
+                         interrupted=self._stop.is_set(), runaway=planner.runaway, workers=stats.workers,
+                         per_task=per_task)
 
     async def _watch_signals(self, tg: TaskGroup) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

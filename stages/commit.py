@@ -13,6 +13,7 @@ from collections.abc import Callable
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from demoforge.stages.context import StageContext
 from demoforge.stages.plan import EpisodePlanner
 from demoforge.stages.records import EpisodeAbandoned, Record, StagedAttempt
 from demoforge.storage.catalog import Catalog
@@ -22,9 +23,10 @@ from demoforge.storage.staging import StagingStore
 
 async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt], *, staging: StagingStore,
                        catalog: Catalog, planner: EpisodePlanner,
-                       on_outcome: Callable[[StagedAttempt], None] | None = None, delay_s: float = 0.0,
-                       busy: dict[str, float] | None = None) -> None:
-    busy = busy if busy is not None else {}
+                       on_outcome: Callable[[StagedAttempt], None] | None = None,
+                       context: StageContext | None = None) -> None:
+    context = context or StageContext()
+    delay_s = context.delay("commit")
     async with receive:
         async for item in receive:
             if isinstance(item, EpisodeAbandoned):
@@ -56,6 +58,6 @@ async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt
                 planner.attempt_discarded(f"{result.terminal_reason.value}: {result.failure_reason}"
                                           if result.failure_reason else result.terminal_reason.value,
                                           ended.key.episode_index)
-            busy["commit"] = busy.get("commit", 0.0) + time.perf_counter() - mark
+            context.busy.add("commit", time.perf_counter() - mark)
             if on_outcome is not None:
                 on_outcome(item)

@@ -21,6 +21,7 @@ import av
 import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from demoforge.stages.context import StageContext
 from demoforge.stages.encode_lanes import LaneSet
 from demoforge.stages.halves import run_halves
 from demoforge.stages.malloc import make_uninitialized_reads_deterministic
@@ -191,8 +192,8 @@ class _FrameSlot:
 
 async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[Record], *,
                        cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings,
-                       delay_s: float = 0.0, busy: dict[str, float] | None = None,
-                       lookahead: int = DEFAULT_LOOKAHEAD, stats_dir: Path | None = None) -> None:
+                       context: StageContext | None = None, lookahead: int = DEFAULT_LOOKAHEAD,
+                       stats_dir: Path | None = None) -> None:
     """Replace each frame's images by encoded bytes; flush or drop the encoders when an attempt ends.
 
     Each camera is encoded by its own lane thread (stages/encode_lanes.py), so cameras never wait for each
@@ -203,7 +204,8 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
     """
     if lookahead < 2:
         raise ValueError(f"lookahead must be at least 2 records, got {lookahead}")
-    busy = busy if busy is not None else {}
+    context = context or StageContext()
+    delay_s = context.delay("encode")
     specs = {c.name: c for c in cameras}
     lanes = LaneSet({name: functools.partial(make_recording_encoder, spec, fps, settings, stats_dir=stats_dir)
                      for name, spec in specs.items()})
@@ -244,7 +246,7 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
                 else:
                     await send.send(slot)
                 for name, seconds in lanes.busy_seconds().items():
-                    busy[f"encode:{name}"] = seconds
+                    context.busy.set(f"encode:{name}", seconds)
         except anyio.BrokenResourceError:
             stage.cancel()  # the next stage is gone: it failed or was cancelled, and reports why itself
 

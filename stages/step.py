@@ -25,6 +25,7 @@ import gymnasium as gym
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from demoforge.stages.contract import EnvError, EpisodeResult, TerminalReason
+from demoforge.stages.context import StageContext
 from demoforge.stages.executor import Executor
 from demoforge.stages.records import (
     PENDING,
@@ -117,64 +118,132 @@ class _StreamWork:
             self.worker.busy()
 
 
-async def step_stage(worker: int, make_row_env: Callable[[], gym.Env], *, task: str, num_envs: int,
-                     job_seed: int, max_attempts: int, assignments: MemoryObjectReceiveStream[EpisodeAssignment],
-                     send: MemoryObjectSendStream[Record], stop: threading.Event, delay_s: float = 0.0,
-                     busy: dict[str, float] | None = None, step_timeout_s: float | None = None,
-                     cameras: tuple[CameraSpec, ...] | None = None, send_batch: int = 1,
-                     send_wait_s: float = 0.005) -> None:
-    """Run one env worker until the plan runs dry or ``stop`` is set; in-flight attempts end interrupted.
+@dataclass(frozen=True)
+class StepSettings:
+    """What one job's env workers run: its task, how attempts are seeded and bounded, how records are batched.
 
-    Records go downstream in batches of up to ``send_batch``, one hand-off to the event loop per batch: a
-    record waits at most ``send_wait_s`` (or the next step, whichever is later) for its batch to fill, and
-    a worker sends what it has before it waits for work. A fast env then costs one hand-off per batch
-    instead of one per record (each a round trip through the event loop, slow on a busy machine), while a
-    slow env still sends each record as it comes. The env runs at most ``send_batch - 1`` records ahead
-    of a full stream.
+    ``send_batch``/``send_wait_s``: records go downstream in batches of up to ``send_batch``, one hand-off to
+    the event loop per batch; a record waits at most ``send_wait_s`` (or the next step, whichever is later)
+    for its batch to fill, and a worker sends what it has before it waits for work. A fast env then costs one
+    hand-off per batch instead of one per record (each a round trip through the event loop, slow on a busy
+    machine), while a slow env still sends each record as it comes; the env runs at most ``send_batch - 1``
+    records ahead of a full stream. ``step_timeout_s``: the watchdog's limit (None: no watchdog)."""
 
-    ``busy["step:<worker>"]`` accumulates the time spent producing records (not waiting downstream)."""
-    token = anyio.lowlevel.current_token()
-    busy_key = f"step:{worker}"
+    task: str
+    job_seed: int
+    max_attempts: int
+    num_envs: int = 1
+    cameras: tuple[CameraSpec, ...] | None = None
+    step_timeout_s: float | None = None
+    send_batch: int = 1
+    send_wait_s: float = 0.005
+
+
+async def step_stage(worker: int, make_row_env: Callable[[], gym.Env], settings: StepSettings,
+                     assignments: MemoryObjectReceiveStream[EpisodeAssignment], send: MemoryObjectSendStream[Record],
+                     context: StageContext | None = None) -> None:
+    """Run one env worker until the plan runs dry or ``context.stop`` is set; in-flight attempts end interrupted.
+
+    A worker whose env hangs past the step timeout is given up (its attempts end as errors) and a fresh one
+    takes over its episodes. ``context.busy["step:<worker>"]`` accumulates the time spent producing records
+    (not waiting downstream)."""
+    context = context or StageContext()
     carry: list[EpisodeAssignment] = []
-    send_batch = max(1, send_batch)
+    async with send, assignments:
+        while True:
+            thread = _EnvThread(worker, make_row_env, settings, assignments, send, context, carry)
+            if not await thread.run():
+                return
+            carry = await thread.give_up()
 
-    async def send_all(records: list[Record]) -> None:
+
+class _EnvThread:
+    """One env worker thread and its watchdog: builds, steps and closes its own env (MuJoCo's EGL context is
+    bound to the thread that made it) and pushes the executor's records into the stream in batches."""
+
+    def __init__(self, worker: int, make_row_env: Callable[[], gym.Env], settings: StepSettings,
+                 assignments: MemoryObjectReceiveStream[EpisodeAssignment], send: MemoryObjectSendStream[Record],
+                 context: StageContext, carried: list[EpisodeAssignment]) -> None:
+        self.worker, self.make_row_env, self.settings = worker, make_row_env, settings
+        self.assignments, self.send, self.context = assignments, send, context
+        self.carried = carried  # episodes taken over from a hung predecessor, run first
+        self.state = _Worker()
+        self.token = anyio.lowlevel.current_token()
+        self.done = anyio.Event()  # set from the thread when it ends (not when it is given up)
+        self.busy_key = f"step:{worker}"
+
+    async def run(self) -> bool:
+        """Run the thread to its end; True when it hung and was given up instead."""
+        thread = threading.Thread(target=self._work, name=f"env-worker-{self.worker}", daemon=True)
+        thread.start()
+        if await self._watch():
+            return True
+        await anyio.to_thread.run_sync(thread.join)
+        if self.state.error is not None:
+            raise self.state.error
+        return False
+
+    async def _watch(self) -> bool:
+        """Wait for the thread; give it up once it has been inside env or task code past the timeout."""
+        timeout = self.settings.step_timeout_s
+        state = self.state
+        while not self.done.is_set():
+            if timeout is None:
+                await self.done.wait()
+                break
+            since = state.busy_since
+            left = timeout if since is None else since + timeout - time.monotonic()
+            with anyio.move_on_after(max(left, 0.001)):
+                await self.done.wait()
+            with state.lock:
+                since = state.busy_since
+                if not self.done.is_set() and since is not None and time.monotonic() - since >= timeout:
+                    state.abandoned = True
+                    return True
+        return False
+
+    async def _send_all(self, records: list[Record]) -> None:
         for record in records:
-            await send.send(record)
+            await self.send.send(record)
 
-    def work(state: _Worker, carried: list[EpisodeAssignment]) -> None:
+    def _flush(self) -> None:
+        state = self.state
+        if state.pending:
+            batch = list(state.pending)
+            anyio.from_thread.run(self._send_all, batch, token=self.token)
+            del state.pending[:len(batch)]
+
+    def _work(self) -> None:
+        state, settings, context = self.state, self.settings, self.context
+        stop, delay_s = context.stop, context.delay("step")
+        send_batch = max(1, settings.send_batch)
         env = None
         first_at = 0.0
-
-        def flush() -> None:
-            if state.pending:
-                batch = list(state.pending)
-                anyio.from_thread.run(send_all, batch, token=token)
-                del state.pending[:len(batch)]
-
         try:
             state.busy()
-            env = build_env(make_row_env, num_envs)
-            executor = Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts,
-                                interrupt=lambda: stop.is_set() or state.abandoned, worker=worker,
-                                cameras=cameras)
-            for record in executor.run(_StreamWork(assignments, stop, state, token, carried, before_wait=flush)):
+            env = build_env(self.make_row_env, settings.num_envs)
+            executor = Executor(env, task=settings.task, job_seed=settings.job_seed,
+                                max_attempts=settings.max_attempts,
+                                interrupt=lambda: stop.is_set() or state.abandoned, worker=self.worker,
+                                cameras=settings.cameras)
+            work = _StreamWork(self.assignments, stop, state, self.token, self.carried, before_wait=self._flush)
+            for record in executor.run(work):
                 started = state.busy_since
                 state.idle()
                 now = time.monotonic()
-                if busy is not None and started is not None:
-                    busy[busy_key] = busy.get(busy_key, 0.0) + now - started
+                if started is not None:
+                    context.busy.add(self.busy_key, now - started)
                 state.track(record)
                 state.pending.append(record)
                 if len(state.pending) == 1:
                     first_at = now
-                if len(state.pending) >= send_batch or now - first_at >= send_wait_s or delay_s:
-                    flush()
+                if len(state.pending) >= send_batch or now - first_at >= settings.send_wait_s or delay_s:
+                    self._flush()
                 if delay_s:
                     stop.wait(delay_s)
                 state.busy()
             state.idle()
-            flush()
+            self._flush()
         except _Abandoned:
             return
         except BaseException as exc:  # reported to the event loop, which re-raises it there
@@ -184,44 +253,32 @@ async def step_stage(worker: int, make_row_env: Callable[[], gym.Env], *, task: 
             if env is not None and not state.abandoned:
                 env.close()
             state.finished.set()
-
-    async with send, assignments:
-        while True:
-            state = _Worker()
-            carried, carry = carry, []
-            thread = threading.Thread(target=work, args=(state, carried), name=f"env-worker-{worker}", daemon=True)
-            thread.start()
-            while not state.finished.is_set():
-                await anyio.sleep(0.05 if step_timeout_s is None else min(0.05, step_timeout_s / 4))
-                if step_timeout_s is not None:
-                    with state.lock:
-                        since = state.busy_since
-                        if since is not None and time.monotonic() - since > step_timeout_s:
-                            state.abandoned = True
-                if state.abandoned:
-                    break
             if not state.abandoned:
-                await anyio.to_thread.run_sync(thread.join)
-                if state.error is not None:
-                    raise state.error
-                return
-            # The env hung: end its attempts as errors and hand their episodes to a fresh worker, with the
-            # episodes it had taken over and not started yet.
-            carry = list(carried)
-            # Records the hung worker produced but had not sent yet go first (it can no longer send them:
-            # an abandoned worker stops at its next idle(), before it touches its batch again).
-            for record in list(state.pending):
-                await send.send(record)
-            state.pending.clear()
-            for key, (seed, row, frames) in sorted(state.active.items()):
-                error = StepTimeoutError(f"the env did not return within {step_timeout_s:g} s; attempt aborted and "
-                                         "the worker replaced", task=task)
-                await send.send(AttemptEnded(key=key, frames=frames, result=EpisodeResult(
-                    task=task, episode_index=key.episode_index, attempt=key.attempt, seed=seed, row=row,
-                    length=frames, completed=False, success=False, terminated=False, truncated=False,
-                    terminal_reason=TerminalReason.ERROR, segments=(), error=str(error),
-                    error_type=type(error).__name__)))
-                if key.attempt + 1 < max_attempts:
-                    carry.append(EpisodeAssignment(key.episode_index, key.attempt + 1))
-                else:
-                    await send.send(EpisodeAbandoned(key.episode_index, key.attempt + 1, str(error)))
+                try:
+                    anyio.from_thread.run_sync(self.done.set, token=self.token)
+                except RuntimeError:
+                    pass  # the event loop is gone (the job was cancelled): nobody waits for this thread
+
+    async def give_up(self) -> list[EpisodeAssignment]:
+        """The env hung: end its attempts as errors and return their episodes for a fresh worker, with the
+        episodes it had taken over and not started yet."""
+        state, settings, send = self.state, self.settings, self.send
+        carry = list(self.carried)
+        # Records the hung worker produced but had not sent yet go first (it can no longer send them: an
+        # abandoned worker stops at its next idle(), before it touches its batch again).
+        for record in list(state.pending):
+            await send.send(record)
+        state.pending.clear()
+        for key, (seed, row, frames) in sorted(state.active.items()):
+            error = StepTimeoutError(f"the env did not return within {settings.step_timeout_s:g} s; attempt aborted "
+                                     "and the worker replaced", task=settings.task)
+            await send.send(AttemptEnded(key=key, frames=frames, result=EpisodeResult(
+                task=settings.task, episode_index=key.episode_index, attempt=key.attempt, seed=seed, row=row,
+                length=frames, completed=False, success=False, terminated=False, truncated=False,
+                terminal_reason=TerminalReason.ERROR, segments=(), error=str(error),
+                error_type=type(error).__name__)))
+            if key.attempt + 1 < settings.max_attempts:
+                carry.append(EpisodeAssignment(key.episode_index, key.attempt + 1))
+            else:
+                await send.send(EpisodeAbandoned(key.episode_index, key.attempt + 1, str(error)))
+        return carry

@@ -23,6 +23,7 @@ import anyio
 import numpy as np
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from demoforge.stages.context import StageContext
 from demoforge.stages.halves import run_halves
 from demoforge.stages.records import (
     AttemptEnded,
@@ -64,9 +65,10 @@ def _finish(writer: EpisodeWriter, last: ChunkWrites, cameras: Mapping[str, Mapp
 
 
 async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[Record | StagedAttempt],
-                      *, staging: StagingStore, catalog: Catalog, delay_s: float = 0.0,
-                      busy: dict[str, float] | None = None, io_queue: int = DEFAULT_IO_QUEUE) -> None:
-    busy = busy if busy is not None else {}
+                      *, staging: StagingStore, catalog: Catalog, context: StageContext | None = None,
+                      io_queue: int = DEFAULT_IO_QUEUE) -> None:
+    context = context or StageContext()
+    delay_s = context.delay("write")
     writers: dict[AttemptKey, EpisodeWriter] = {}
     camera_stats: dict[AttemptKey, Mapping[str, Mapping[str, np.ndarray]]] = {}
     jobs_send, jobs_recv = anyio.create_memory_object_stream[_IoJob](max(0, io_queue - 1))
@@ -123,7 +125,7 @@ async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryOb
                 if job.work is not None:
                     mark = time.perf_counter()
                     await anyio.to_thread.run_sync(job.work)
-                    busy["write"] = busy.get("write", 0.0) + time.perf_counter() - mark
+                    context.busy.add("write", time.perf_counter() - mark)
                 if job.result is not None:
                     await send.send(job.result())
         except anyio.BrokenResourceError:

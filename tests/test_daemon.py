@@ -122,9 +122,10 @@ def test_metrics_show_progress_and_sigterm_stops_gracefully(tmp_path):
     assert names[0] == "started" and "stopping" in names and names[-1] == "stopped"
     final = next(e for e in log if e["event"] == "export" and e["why"] == "final")
     stopping = next(e["ts"] for e in log if e["event"] == "stopping")
-    # The final export starts within the deadline plus a little (it runs in a child process, whose start-up
-    # and work are its own ``seconds``).
-    assert final["ts"] - final["seconds"] - stopping <= 5 + 2
+    # The final export starts at the 5 s deadline, not when generation would have finished on its own (it
+    # runs in a child process, whose start-up and work are its own ``seconds``); the margin is generous, for
+    # a loaded machine: it catches a daemon that ignores its deadline, it measures nothing.
+    assert final["ts"] - final["seconds"] - stopping <= 5 + 20
     assert time.monotonic() - stopped_at < 60
     rows, staging = committed(tmp_path / "store")
     assert not staging  # no partial episode left

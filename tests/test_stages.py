@@ -8,6 +8,7 @@ Records come from the real executor on the toy task; stores are real (Zarr stagi
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import anyio
 import numpy as np
@@ -17,6 +18,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 import toy_tasks
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.stages.commit import commit_stage
+from demoforge.stages.context import StageContext
 from demoforge.stages.encode import EncoderError, encode_stage
 from demoforge.stages.executor import EpisodeRange, Executor
 from demoforge.stages.plan import EpisodePlanner
@@ -30,7 +32,7 @@ from demoforge.stages.records import (
     StagedAttempt,
     VideoTail,
 )
-from demoforge.stages.step import step_stage
+from demoforge.stages.step import StepSettings, step_stage
 from demoforge.stages.write import write_stage
 from demoforge.storage.catalog import ResumeState
 from demoforge.storage.schema import CameraSpec
@@ -106,11 +108,11 @@ async def test_plan_offers_one_episode_at_a_time_and_pause_withdraws_the_offer()
     send, receive = anyio.create_memory_object_stream[EpisodeAssignment](0)
     async with anyio.create_task_group() as tg:
         tg.start_soon(planner.run, send)
-        await anyio.sleep(0.05)
+        await anyio.wait_all_tasks_blocked()
         # Backpressure: with nobody receiving, one offer waits and nothing else is planned.
         assert send.statistics().tasks_waiting_send == 1 and planner.in_flight == {0}
         planner.set_paused(True)
-        await anyio.sleep(0.05)
+        await anyio.wait_all_tasks_blocked()
         assert send.statistics().tasks_waiting_send == 0 and planner.in_flight == set()
         with anyio.move_on_after(0.1) as waited:
             await receive.receive()
@@ -144,8 +146,8 @@ def step_env_factory(steps_taken: list[int] | None = None):
 
 def step_task(env_factory, assignments, send, stop, **extra):
     """The step stage on toy-point envs from ``env_factory``, as a task group's callable."""
-    return lambda: step_stage(0, env_factory, task="toy-point", num_envs=1, job_seed=0, max_attempts=3,
-                              assignments=assignments, send=send, stop=stop, **extra)
+    settings = StepSettings(task="toy-point", job_seed=0, max_attempts=3, **extra)
+    return lambda: step_stage(0, env_factory, settings, assignments, send, StageContext(stop=stop))
 
 
 def one_episode() -> MemoryObjectReceiveStream[EpisodeAssignment]:
@@ -156,10 +158,17 @@ def one_episode() -> MemoryObjectReceiveStream[EpisodeAssignment]:
     return receive
 
 
-async def until_send_blocks(send: MemoryObjectSendStream) -> None:
-    while send.statistics().tasks_waiting_send == 0:
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait for a condition another thread makes true (an env worker's or an encoder lane's): checked every
+    10 ms; the caller's ``fail_after`` catches a hang. Conditions of tasks alone use
+    ``anyio.wait_all_tasks_blocked()`` instead."""
+    while not condition():
         await anyio.sleep(0.01)
-    await anyio.sleep(0.2)  # time for a producer that did not block to run ahead
+
+
+async def until_send_blocks(send: MemoryObjectSendStream) -> None:
+    """Until a send waits on the full stream: the env thread that issued it is blocked inside that send."""
+    await until(lambda: send.statistics().tasks_waiting_send > 0)
 
 
 async def test_step_runs_assigned_episodes_and_ends_its_stream_when_the_plan_does():
@@ -298,7 +307,8 @@ async def test_encode_waits_for_its_consumer_and_can_be_cancelled_mid_attempt():
             first = await out_recv.receive()
             second = await out_recv.receive()
             assert isinstance(first, AttemptStarted) and isinstance(second, EncodedFrame)
-            await anyio.sleep(0.2)
+            await until(lambda: out_send.statistics().tasks_waiting_send == 1)
+            await anyio.wait_all_tasks_blocked()  # the feeder too: at its lookahead, or still taking records
             # Nobody reads: the stage holds one encoded frame in send, has taken its lookahead of records
             # in all and takes nothing more.
             assert out_send.statistics().tasks_waiting_send == 1
@@ -344,8 +354,7 @@ async def test_encode_cameras_run_independently_and_records_leave_in_order(monke
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: encode_stage(in_recv, out_send, cameras=cameras, fps=INFO.fps, settings=H264,
                                                lookahead=STEPS + 2))
-            while encoded["fast"] < STEPS:  # the fast camera encodes every frame while "slow" is stuck at 0
-                await anyio.sleep(0.01)
+            await until(lambda: encoded["fast"] >= STEPS)  # the fast camera encodes every frame; "slow" is stuck
             assert encoded["slow"] == 0
             # A frame leaves only when all its cameras are done: nothing but the attempt's start so far.
             assert [type(r).__name__ for r in [await out_recv.receive()]] == ["AttemptStarted"]
@@ -442,7 +451,7 @@ async def test_write_keeps_taking_records_while_its_io_is_slow_up_to_its_io_queu
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: write_stage(in_recv, out_send, staging=store.staging, catalog=store.catalog,
                                                   io_queue=2))
-                await anyio.sleep(0.3)
+                await anyio.wait_all_tasks_blocked()
                 # The first attempt's arrays are still being created, yet its frames were all buffered; I/O
                 # jobs: its opening (running), its last chunks (queued), the next opening (waiting to queue).
                 assert in_recv.statistics().current_buffer_used == len(records) - per_attempt - 1
@@ -497,7 +506,7 @@ async def test_commit_stops_at_end_of_stream_and_on_cancellation_without_committ
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: commit_stage(receive, staging=store.staging, catalog=store.catalog,
                                                    planner=planner))
-                await anyio.sleep(0.1)
+                await anyio.wait_all_tasks_blocked()
                 tg.cancel_scope.cancel()  # waiting for input: cancelled, nothing half done
         assert {r.state for r in store.catalog.attempts()} == {"staging"}
         with pytest.raises(anyio.BrokenResourceError):  # the cancelled stage closed its input

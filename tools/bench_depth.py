@@ -80,7 +80,7 @@ def run_pipeline(spec: JobSpec, store: Path, sample_s: float = 0.02) -> dict[str
     cpu = cpu_s() - cpu0
     frames = report.frames_this_run
     return {"frames": frames, "fps": frames / report.elapsed_s, "cpu_ms": 1000 * cpu / max(frames, 1),
-            "busy_ms": {k: 1000 * v / max(frames, 1) for k, v in sorted(runner.stats.busy.items())},
+            "busy_ms": {k: 1000 * v / max(frames, 1) for k, v in sorted(runner.stats.busy.snapshot().items())},
             "queues": {k: (float(np.mean(v)), int(max(v))) for k, v in samples.items() if v},
             "committed": report.committed_this_run}
 

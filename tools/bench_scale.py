@@ -190,7 +190,7 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
         started, cpu0 = time.monotonic(), time.process_time()
         report = anyio.run(runner.run)
         wall, cpu = time.monotonic() - started, time.process_time() - cpu0
-        busy = dict(runner.stats.busy)
+        busy = runner.stats.busy.snapshot()
     finally:
         driver.make_backend = real
     frames = report.frames_this_run
