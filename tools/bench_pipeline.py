@@ -324,7 +324,7 @@ class PoolEnv(gym.Env):
         self.action_space = gym.spaces.Box(-1, 1, shape=(1,), dtype=np.float32)
         self.t = 0
         # Non-zero action and reward on purpose: zarr skips chunks equal to the fill value (0), and staging's
-        # read-back then reports them missing (see docs/performance.md, "Pipeline (issue 3)").
+        # read-back then reports them missing (see docs/performance.md, "Recording pipeline").
         self._action = np.full(1, 0.5, dtype=np.float32)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
