@@ -120,7 +120,7 @@ class ProcessBackend:
         env = dict(os.environ)
         # The worker imports what this process can: its import path (tests and embedding programs extend it).
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-        env.setdefault("MALLOC_ARENA_MAX", "2")  # see cli.limit_malloc_arenas: encoder threads' arenas
+        env.setdefault("MALLOC_ARENA_MAX", "2")  # see stages/malloc.py limit_malloc_arenas: encoder threads' arenas
         for key, value in spec.environment.items():
             env.setdefault(key, value)
         proc = subprocess.Popen([sys.executable, "-m", "demoforge.pipeline.workers.process_main", str(child.fileno())],
