@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Depth benchmark (issue 13): what recording a depth camera next to the RGB camera costs, on the same episodes.
+"""Depth benchmark: what recording a depth camera next to the RGB camera costs, on the same episodes.
 
 Run from the repository root::
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Pipeline benchmark (issue 3): does the staged pipeline overlap its stages, and how does it record
+"""Pipeline benchmark: does the staged pipeline overlap its stages, and how does it record
 compared with LeRobot 0.6.1's own writer?
 
 Run from the repository root::

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Scale-out benchmark (issue 11): what the process and Ray executors buy on this machine, and how many
+"""Scale-out benchmark: what the process and Ray executors buy on this machine, and how many
 workers one driver can serve.
 
 Run from the repository root::
