@@ -20,6 +20,7 @@ import numpy as np
 
 from demoforge.storage.lerobot.stats import FeatureStats, RgbStats, depth_stats, sample_indices, strided
 from demoforge.storage.schema import CameraSpec
+from demoforge.storage.write_errors import writing
 
 
 class SampledFrames:
@@ -31,13 +32,18 @@ class SampledFrames:
         self._dtype = np.dtype(np.float32 if camera.is_depth else np.uint8)
         self._shape = strided(np.empty(camera.shape, self._dtype)).shape
         self._frame_bytes = int(np.prod(self._shape)) * self._dtype.itemsize
-        self._file: IO[bytes] | None = tempfile.TemporaryFile(dir=spill_dir, prefix="demoforge-stats-")
+        # A full disk here reaches a person like any other write: what was written, and where.
+        self._what = f"the frames kept for camera {camera.name!r}'s statistics (a temporary file)"
+        self._where = Path(spill_dir) if spill_dir is not None else Path(tempfile.gettempdir())
+        with writing(self._what, self._where):
+            self._file: IO[bytes] | None = tempfile.TemporaryFile(dir=spill_dir, prefix="demoforge-stats-")
 
     def add(self, image: np.ndarray) -> None:
         """Keep the pixels of one frame LeRobot's statistics look at (a copy: the caller may reuse ``image``)."""
         assert self._file is not None, "add() after close()"
         pixels = np.ascontiguousarray(strided(np.asarray(image, dtype=self._dtype)))
-        self._file.write(memoryview(pixels).cast("B"))
+        with writing(self._what, self._where):
+            self._file.write(memoryview(pixels).cast("B"))
         self.frames += 1
 
     def _frame(self, index: int) -> np.ndarray:
@@ -50,7 +56,8 @@ class SampledFrames:
     def statistics(self) -> FeatureStats:
         """LeRobot's statistics of this camera over the frames added (``compute_episode_stats``'s sample)."""
         assert self._file is not None, "statistics() after close()"
-        self._file.flush()
+        with writing(self._what, self._where):
+            self._file.flush()
         indices = sample_indices(self.frames)
         if self.camera.is_depth:
             return depth_stats(np.stack([self._frame(i) for i in indices]))

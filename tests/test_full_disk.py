@@ -152,3 +152,24 @@ def test_export_on_a_disk_that_fills_removes_its_unfinished_version_at_once(smal
     (small_disk / "other-process").unlink()
     again = run_cli("export", "--store", str(store), "--out", str(dataset))
     assert again.returncode == 0 and "exported 3 episode(s)" in again.stdout, again.stderr
+
+
+def test_the_frames_kept_for_statistics_name_their_file_when_the_disk_is_full(small_disk: Path) -> None:
+    """The encoder keeps the frames LeRobot's statistics may sample in a temporary file in the store: a full disk
+    there is a named write failure (what, where), like every other write, not a bare OSError."""
+    import numpy as np
+
+    from demoforge.storage.sampled_frames import SampledFrames
+    from demoforge.storage.schema import CameraSpec
+    from demoforge.storage.write_errors import StorageWriteError
+
+    fill_up(small_disk / "more")
+    kept = SampledFrames(CameraSpec("front", 224, 224), spill_dir=small_disk)
+    try:
+        with pytest.raises(StorageWriteError) as raised:
+            for _ in range(100):  # 150 KB each: the page cache's buffer gives out within a few frames
+                kept.add(np.zeros((224, 224, 3), np.uint8))
+            kept.statistics()
+    finally:
+        kept.close()
+    assert "camera 'front'" in str(raised.value) and str(small_disk) in str(raised.value)
