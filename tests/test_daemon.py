@@ -174,13 +174,15 @@ def test_second_signal_stops_at_once(tmp_path):
     try:
         wait_for(lambda: scrape(port).get("demoforge_attempts_total", 0) >= 1)
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        # The first signal is being handled (the daemon said so) before the second is sent.
+        wait_for(lambda: '"event": "stopping"' in proc.err_path.read_text())
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=110)
     finally:
         proc.kill()
-    assert proc.returncode == 0 and time.monotonic() - sent < 30
+    # At once: well before the 120 s deadline the first signal granted (a generous bound for a loaded machine).
+    assert proc.returncode == 0 and time.monotonic() - sent < 100
     assert "stopping_now" in [e["event"] for e in daemon_events(err)]
     rows, staging = committed(tmp_path / "store")
     assert not staging
