@@ -59,8 +59,7 @@ class SegmentCursor:
         actions, segment = self._actions, self.segment
         if actions is None or segment is None:
             return END
-        raw = self._call(f"segment {segment.name!r} action generator", next, actions, END)
-        return END if raw is END else raw
+        return self._call(f"segment {segment.name!r} action generator", next, actions, END)
 
     def validate(self, view: Any) -> bool:
         """The current segment's validator on the state its actions left (True for a segment without one)."""

@@ -62,7 +62,6 @@ class _Worker:
     lock: threading.Lock = field(default_factory=threading.Lock)
     busy_since: float | None = None  # set while inside env/task code, None while waiting on a stream
     abandoned: bool = False
-    finished: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     active: dict[AttemptKey, list[int]] = field(default_factory=dict)  # key -> [seed, row, frames]
     pending: list[Record] = field(default_factory=list)  # produced, not yet sent (a batch being filled)
@@ -252,7 +251,6 @@ class _EnvThread:
             state.busy_since = None
             if env is not None and not state.abandoned:
                 env.close()
-            state.finished.set()
             if not state.abandoned:
                 try:
                     anyio.from_thread.run_sync(self.done.set, token=self.token)

@@ -281,7 +281,6 @@ def _load_entry_point(ep: importlib.metadata.EntryPoint) -> TaskEntry | None:
 def _load_task_modules() -> None:
     """Import the modules named in ``DEMOFORGE_TASK_MODULES``; a module that fails is recorded, not raised,
     so one broken plugin does not hide the other tasks."""
-    prepare_process()
     for module in filter(None, (m.strip() for m in os.environ.get(TASK_MODULES_ENV, "").split(","))):
         if module in _FAILURES:
             continue
@@ -325,7 +324,6 @@ def get_task(name: str) -> TaskEntry:
 
 
 def _family_names() -> set[str]:
-    prepare_process()
     names: set[str] = set()
     for module in _BUILTIN_FAMILIES.values():
         names.update(importlib.import_module(module).task_names())
@@ -334,6 +332,7 @@ def _family_names() -> set[str]:
 
 def task_names() -> list[str]:
     """Every task that can be named: built-ins, registered ones and installed plugins that load."""
+    prepare_process()  # the modules it imports may import their simulators
     _load_task_modules()
     for ep in _entry_points().values():
         _load_entry_point(ep)
