@@ -433,21 +433,51 @@ def test_a_slow_writer_slows_the_workers_and_memory_stays_bounded(tmp_path, monk
 
 
 def test_stop_discards_in_flight_attempts_of_remote_workers_and_keeps_committed(tmp_path):
+    import threading
+
     import anyio
 
-    spec = JobSpec(task="toy-point", episodes=40, task_options={"step_sleep": 0.01}, video=VideoSettings(codec="h264"))
+    from demoforge.storage.catalog import Catalog
+    from demoforge.storage.schema import AttemptState
+
+    # Episodes of 2 s: a worker sends a piece every 0.5 s, so an attempt is staged long before it ends.
+    spec = JobSpec(task="toy-point", episodes=40, task_options={"step_sleep": 0.01, "steps": 200},
+                   video=VideoSettings(codec="h264"))
     runner = JobRunner(spec, tmp_path / "store", executor=ExecutorConfig(kind="process", workers=2))
+    done = threading.Event()
 
-    def on_progress(stats):
-        if stats.committed >= 2:
-            runner.stop()
+    def stop_with_an_attempt_staged() -> None:
+        # Stop once 2 episodes are committed and an attempt is in flight (staged in the catalog): the state the
+        # test is about, waited for (not timed).
+        while not done.is_set():
+            try:
+                catalog = Catalog.open_read_only(tmp_path / "store")
+            except Exception:
+                done.wait(0.05)
+                continue
+            try:
+                committed = catalog.count(AttemptState.COMMITTED)
+                staged = catalog.attempts((AttemptState.STAGING,))
+            finally:
+                catalog.close()
+            if committed >= 2 and staged:
+                runner.stop()
+                return
+            done.wait(0.05)
 
-    runner.on_progress = on_progress
-    report = anyio.run(runner.run)
+    watcher = threading.Thread(target=stop_with_an_attempt_staged, daemon=True)
+    watcher.start()
+    try:
+        report = anyio.run(runner.run)
+    finally:
+        done.set()
+        watcher.join()
     assert report.interrupted and 2 <= report.committed_total < 40
     catalog = check_store(tmp_path / "store")
     discarded = catalog.attempts(("discarded",))
+    committed = catalog.attempts(("committed",))
     catalog.close()
+    assert len(committed) == report.committed_total
     assert discarded and all(r.terminal_reason == "interrupted" and not r.counted for r in discarded)
 
 
