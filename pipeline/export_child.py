@@ -88,7 +88,7 @@ class ChildChannel:
         channel = cls(os.fdopen(int(fd), "w", buffering=1), stacks)
         from demoforge.storage.lerobot.files import import_libraries
 
-        import_libraries()  # the long silent part of starting (torch, lerobot, datasets): before "ready"
+        import_libraries()  # the silent part of starting (pyarrow, pandas): before "ready"
         channel.event("ready")
         return channel
 

@@ -126,14 +126,6 @@ def test_the_export_marker_round_trips_and_a_foreign_one_is_refused(tmp_path, st
         resolve_target(out)
 
 
-def test_format_names_match_lerobot():
-    from lerobot.datasets.utils import DEFAULT_TASKS_PATH, INFO_PATH, STATS_PATH
-
-    from demoforge.storage.lerobot.format import INFO, STATS, TASKS
-
-    assert (TASKS, STATS, INFO) == (DEFAULT_TASKS_PATH, STATS_PATH, INFO_PATH)
-
-
 def test_no_sql_outside_the_catalog():
     """Only storage/catalog.py opens SQLite and speaks SQL (others may catch sqlite3's exception types)."""
     import re

@@ -52,9 +52,11 @@ from demoforge.storage.lerobot.files import (
 )
 from demoforge.storage.lerobot.format import (
     CHUNKS_SIZE,
+    DATA_PATH,
     INFO,
     MARKER,
     SIDECAR,
+    VIDEO_PATH,
     ExportMarker,
     FileChecksum,
     PublishedEpisode,
@@ -63,6 +65,7 @@ from demoforge.storage.lerobot.format import (
     file_checksum,
     schema_differences,
 )
+from demoforge.storage.lerobot.stats import vector_stats
 from demoforge.storage.lerobot.publish import (
     KEEP_VERSIONS,
     Published,
@@ -250,8 +253,6 @@ class _VersionWriter:
         self.linked: dict[Path, FileChecksum | None] = {}  # files hard-linked from a source: recorded checksum
 
     def write(self) -> tuple[str, ExportMarker]:
-        import lerobot.datasets.compute_stats  # noqa: F401  (seconds of imports: before the version is begun)
-
         build = start_version(self.target, self.number, link_current=False)
         try:
             with writing(f"the new dataset version {build.name.removesuffix('.partial')}", build):
@@ -300,9 +301,7 @@ class _VersionWriter:
 
     # -- video
     def _video_run(self, build: Path, run: _Run, cursor: tuple[int, int], video_meta: list[dict[str, Any]]) -> None:
-        from lerobot.datasets.utils import DEFAULT_VIDEO_PATH
-
-        out = build / DEFAULT_VIDEO_PATH.format(video_key=run.key, chunk_index=cursor[0], file_index=cursor[1])
+        out = build / VIDEO_PATH.format(video_key=run.key, chunk_index=cursor[0], file_index=cursor[1])
         out.parent.mkdir(parents=True, exist_ok=True)
         if run.link:
             spans = [(s.from_s, s.to_s) for s in run.spans]
@@ -363,7 +362,7 @@ class _VersionWriter:
                     spans.append(writer.add_table(taken.slice(offset, n)))
                     stats = source.episode_stats(index)
                     mine = {name: values[offset:offset + n] for name, values in columns.items()}
-                    self._renumbered.append(_renumbered_stats(stats, mine, source.features))
+                    self._renumbered.append(_renumbered_stats(stats, mine))
                     self._stats.append({**stats, **self._renumbered[-1]})
                     offset += n
                 frame += total
@@ -407,14 +406,12 @@ class _VersionWriter:
         return meta_next
 
     def _info(self, build: Path) -> Path:
-        from lerobot.datasets.utils import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH
-
         info = dict(self.plan.chosen[0][0].info)
         count = len(self.plan.chosen)
         info.update(total_episodes=count, total_frames=self.plan.frames, total_tasks=len(self.plan.tasks),
-                    chunks_size=CHUNKS_SIZE, data_path=DEFAULT_DATA_PATH, splits={"train": f"0:{count}"})
+                    chunks_size=CHUNKS_SIZE, data_path=DATA_PATH, splits={"train": f"0:{count}"})
         if self.plan.runs:
-            info["video_path"] = DEFAULT_VIDEO_PATH
+            info["video_path"] = VIDEO_PATH
         return write_json(build / INFO, info)
 
     def _checksums(self, build: Path) -> dict[str, FileChecksum]:
@@ -430,14 +427,13 @@ class _VersionWriter:
         return out
 
 
-def _renumbered_stats(stats: Mapping[str, Mapping[str, np.ndarray]], columns: Mapping[str, np.ndarray],
-                      features: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, np.ndarray]]:
+def _renumbered_stats(stats: Mapping[str, Mapping[str, np.ndarray]], columns: Mapping[str, np.ndarray]
+                      ) -> dict[str, dict[str, np.ndarray]]:
     """The per-episode statistics of the renumbered columns, for the new values: a constant column
     (``episode_index``, the ``task_index`` of a one-task episode) has the value as every statistic and std 0;
-    ``index`` moved by an offset moves its statistics by it; anything else is recomputed with LeRobot's
-    ``compute_episode_stats``. Only the columns the episode has statistics of."""
+    ``index`` moved by an offset moves its statistics by it; anything else is recomputed as LeRobot's
+    ``compute_episode_stats`` computes a numeric column. Only the columns the episode has statistics of."""
     out: dict[str, dict[str, np.ndarray]] = {}
-    recompute: dict[str, np.ndarray] = {}
     for name, values in columns.items():
         old = stats.get(name)
         if old is None:
@@ -451,12 +447,7 @@ def _renumbered_stats(stats: Mapping[str, Mapping[str, np.ndarray]], columns: Ma
             out[name] = {k: np.asarray(v) if k in ("count", "std") else np.asarray(v) + offset
                          for k, v in old.items()}
         else:
-            recompute[name] = values
-    if recompute:
-        from lerobot.datasets.compute_stats import compute_episode_stats
-
-        out.update(compute_episode_stats(recompute, {k: {**features[k], "shape": tuple(features[k]["shape"])}
-                                                     for k in recompute}))
+            out[name] = vector_stats(np.asarray(values))
     return out
 
 

@@ -3,8 +3,9 @@
 
 What goes into a version, and in which order, is ``storage/lerobot/export.py``; the names and features of the
 format are ``storage/lerobot/format.py``. Per-episode statistics are read from staging (computed while the
-episode was recorded, ``storage/episode_stats.py``); LeRobot's ``aggregate_stats`` combines them, and its
-helpers name the paths.
+episode was recorded, ``storage/episode_stats.py``) and combined by LeRobot's aggregation
+(``storage/lerobot/stats_file.py``). Nothing here imports lerobot, torch or ``datasets``: writing a version needs
+pyarrow, pandas and PyAV only.
 """
 
 from __future__ import annotations
@@ -21,17 +22,26 @@ import numpy as np
 
 from demoforge.storage.depth import decode_codes, dequantize
 from demoforge.storage.episode_stats import EpisodeStats
+from demoforge.storage.lerobot.arrow_schema import data_schema
 from demoforge.storage.lerobot.format import (
     AUTOMATIC_COLUMNS,
     CHUNKS_SIZE,
     CODEBASE_VERSION,
     DATA_FILE_MB,
+    DATA_PATH,
+    EPISODES_PATH,
+    INFO,
+    STATS,
+    TASKS,
     VIDEO_FILE_MB,
+    VIDEO_PATH,
     annotation_key,
     camera_key,
+    next_file,
 )
-from demoforge.storage.lerobot.publish import ExportError, unlink_shared, write_json
+from demoforge.storage.lerobot.publish import ExportError, replace_file, unlink_shared, write_json
 from demoforge.storage.lerobot.stats import FeatureStats, depth_stats, rgb_stats, sample_indices, strided, vector_stats
+from demoforge.storage.lerobot.stats_file import aggregate_stats, read_stats, stats_json_text
 from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.schema import CameraSpec, DepthVideoIdentity
 from demoforge.storage.staging import StagedEpisode
@@ -39,16 +49,9 @@ from demoforge.storage.video import decode_indices
 
 
 def import_libraries() -> None:
-    """Import what writing a version needs (torch comes with lerobot): seconds, once per process."""
-    import datasets  # noqa: F401
+    """Import what writing a version needs (about a second, once per process)."""
+    import pandas  # noqa: F401
     import pyarrow.parquet  # noqa: F401
-    from lerobot.datasets import compute_stats, feature_utils, io_utils, language, utils  # noqa: F401
-
-
-def next_file(chunk: int, file: int) -> tuple[int, int]:
-    from lerobot.datasets.utils import update_chunk_file_indices
-
-    return update_chunk_file_indices(chunk, file, CHUNKS_SIZE)
 
 
 class VideoFileWriter:
@@ -65,8 +68,6 @@ class VideoFileWriter:
 
     def add(self, data: bytes, length: int) -> tuple[int, int, float, float]:
         """Append one episode's staged stream; returns its (chunk, file, from_timestamp, to_timestamp)."""
-        from lerobot.datasets.utils import DEFAULT_VIDEO_PATH
-
         if self._out is not None and self._bytes_in_file + len(data) > VIDEO_FILE_MB * 2**20:
             self._out.close()
             self._out = None
@@ -77,7 +78,7 @@ class VideoFileWriter:
             if in_stream.time_base is None:
                 raise ExportError(f"{self.key}: a staged stream has no time base")
             if self._out is None:
-                path = self.build / DEFAULT_VIDEO_PATH.format(video_key=self.key, chunk_index=self.chunk,
+                path = self.build / VIDEO_PATH.format(video_key=self.key, chunk_index=self.chunk,
                                                               file_index=self.file)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._out = av.open(str(path), mode="w", format="mp4")
@@ -185,10 +186,9 @@ class DataFileWriter:
 
     def _open(self, schema: Any) -> Any:
         import pyarrow.parquet as pq
-        from lerobot.datasets.utils import DEFAULT_DATA_PATH
 
         if self._writer is None:
-            path = self.build / DEFAULT_DATA_PATH.format(chunk_index=self.chunk, file_index=self.file)
+            path = self.build / DATA_PATH.format(chunk_index=self.chunk, file_index=self.file)
             path.parent.mkdir(parents=True, exist_ok=True)
             self._writer = pq.ParquetWriter(path, schema=schema, compression="snappy", use_dictionary=True)
             self.files.append(path)
@@ -242,14 +242,6 @@ def episode_frames(ep: StagedEpisode, index: int, first_frame: int, task_index: 
     cols["index"] = first_frame + frame_index
     cols["task_index"] = np.full(n, task_index, dtype=np.int64)
     return cols
-
-
-def data_schema(features: Mapping[str, dict]) -> Any:
-    """The arrow schema (with the ``huggingface`` features metadata) LeRobot's writer gives a data parquet:
-    ``datasets``' own mapping of the features."""
-    from lerobot.datasets.feature_utils import get_hf_features_from_features
-
-    return get_hf_features_from_features({k: {**v, "shape": tuple(v["shape"])} for k, v in features.items()}).arrow_schema
 
 
 def _arrow_column(values: Any, typ: Any, rows: int) -> Any:
@@ -332,11 +324,10 @@ def write_episode_meta(build: Path, rows: Sequence[EpisodeMetaRow], start: Seque
     """Write the rows as one ``meta/episodes`` file at cursor ``start``; returns the next cursor and the file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from lerobot.datasets.utils import DEFAULT_EPISODES_PATH
 
     chunk, file = int(start[0]), int(start[1])
     table = pa.Table.from_pylist([row.record((chunk, file)) for row in rows])
-    path = build / DEFAULT_EPISODES_PATH.format(chunk_index=chunk, file_index=file)
+    path = build / EPISODES_PATH.format(chunk_index=chunk, file_index=file)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, compression="snappy")
     return next_file(chunk, file), [path]
@@ -347,14 +338,13 @@ def write_episode_table(build: Path, table: Any, start: Sequence[int]) -> tuple[
     ``meta/episodes`` file at cursor ``start``; returns the next cursor and the file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from lerobot.datasets.utils import DEFAULT_EPISODES_PATH
 
     chunk, file = int(start[0]), int(start[1])
     for name, value in (("meta/episodes/chunk_index", chunk), ("meta/episodes/file_index", file)):
         column = pa.array([value] * table.num_rows, type=pa.int64())
         table = table.set_column(table.column_names.index(name), name, column) if name in table.column_names \
             else table.append_column(name, column)
-    path = build / DEFAULT_EPISODES_PATH.format(chunk_index=chunk, file_index=file)
+    path = build / EPISODES_PATH.format(chunk_index=chunk, file_index=file)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, compression="snappy")
     return next_file(chunk, file), [path]
@@ -409,27 +399,20 @@ def legacy_stats(ep: StagedEpisode, cameras: Sequence[CameraSpec], depth: DepthV
 
 
 def write_stats_file(build: Path, new: Sequence[Mapping[str, Mapping[str, np.ndarray]]], has_old: bool) -> Path:
-    from lerobot.datasets.compute_stats import aggregate_stats
-    from lerobot.datasets.io_utils import load_stats, write_stats
-    from lerobot.datasets.utils import STATS_PATH
-
     parts = list(new)
+    path = build / STATS
     if has_old:
-        old = load_stats(build)
+        old = read_stats(path)
         if old:
             parts.insert(0, old)
     stats = aggregate_stats(parts)
-    path = build / STATS_PATH
-    unlink_shared(path)  # a hard link to the published version: replace, never write through
-    write_stats(stats, build)
-    return path
+    return replace_file(path, stats_json_text(stats).encode())  # may be a hard link to the published version
 
 
 def write_tasks(build: Path, tasks: Mapping[str, int]) -> list[Path]:
     import pandas as pd
-    from lerobot.datasets.utils import DEFAULT_TASKS_PATH
 
-    path = build / DEFAULT_TASKS_PATH
+    path = build / TASKS
     unlink_shared(path)
     df = pd.DataFrame({"task_index": list(tasks.values())}, index=pd.Index(list(tasks.keys()), name="task"))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -439,11 +422,9 @@ def write_tasks(build: Path, tasks: Mapping[str, int]) -> list[Path]:
 
 def write_info(build: Path, features: Mapping[str, dict], fps: int, episodes: int, frames: int, tasks: int
                 ) -> Path:
-    from lerobot.datasets.utils import DEFAULT_DATA_PATH, DEFAULT_VIDEO_PATH, INFO_PATH
-
     info = {"codebase_version": CODEBASE_VERSION, "fps": fps, "features": features, "total_episodes": episodes,
             "total_frames": frames, "total_tasks": tasks, "chunks_size": CHUNKS_SIZE,
             "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": VIDEO_FILE_MB,
-            "data_path": DEFAULT_DATA_PATH, "video_path": DEFAULT_VIDEO_PATH,
+            "data_path": DATA_PATH, "video_path": VIDEO_PATH,
             "robot_type": None, "splits": {"train": f"0:{episodes}"}}
-    return write_json(build / INFO_PATH, info)
+    return write_json(build / INFO, info)

@@ -1,7 +1,8 @@
 """The dataset format demoforge exports: LeRobot v3.0 plus two files of its own, in one place.
 
-Names and paths (LeRobot's layout constants are read from ``lerobot.datasets.utils`` when writing; the few
-repeated here as plain strings are checked against lerobot's by a test), the features of an export, the
+Names and paths (LeRobot's layout constants and chunk numbering, repeated here as plain strings and one
+function because importing ``lerobot.datasets`` costs about 8 CPU-s of torch and ``datasets`` imports in every
+export process; a test checks each against lerobot's own), the features of an export, the
 per-episode sidecar (``meta/demoforge_episodes.jsonl``: each episode's segment record) and the marker
 (``meta/demoforge.json``: the version, the job schema, and every exported staging episode with its dataset
 index; the truth that export reconciles the catalog with).
@@ -25,6 +26,15 @@ SIDECAR = "meta/demoforge_episodes.jsonl"
 INFO = "meta/info.json"  # lerobot.datasets.utils.INFO_PATH
 STATS = "meta/stats.json"  # lerobot.datasets.utils.STATS_PATH
 TASKS = "meta/tasks.parquet"  # lerobot.datasets.utils.DEFAULT_TASKS_PATH
+_CHUNK_FILE = "chunk-{chunk_index:03d}/file-{file_index:03d}"
+DATA_PATH = f"data/{_CHUNK_FILE}.parquet"  # lerobot.datasets.utils.DEFAULT_DATA_PATH
+VIDEO_PATH = "videos/{video_key}/" + _CHUNK_FILE + ".mp4"  # lerobot.datasets.utils.DEFAULT_VIDEO_PATH
+EPISODES_PATH = f"meta/episodes/{_CHUNK_FILE}.parquet"  # lerobot.datasets.utils.DEFAULT_EPISODES_PATH
+#: ``info.json`` features of LeRobot's two language columns (``lerobot.datasets.language.language_feature_info``).
+LANGUAGE_FEATURES: Mapping[str, Mapping[str, Any]] = {
+    "language_persistent": {"dtype": "language", "shape": [1], "names": None},
+    "language_events": {"dtype": "language", "shape": [1], "names": None},
+}
 #: The small metadata files every export version rewrites whole, in the order it writes them (marker last).
 SMALL_METADATA = (TASKS, STATS, INFO, SIDECAR, MARKER)
 #: Folders whose files, once published, are never rewritten (new episodes go to new files).
@@ -37,6 +47,12 @@ DATA_FILE_MB = 100
 VIDEO_FILE_MB = 200
 #: LeRobot's automatic columns, after the features of a task (their statistics are computed at export).
 AUTOMATIC_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+
+
+def next_file(chunk: int, file: int) -> tuple[int, int]:
+    """The (chunk, file) after this one: ``CHUNKS_SIZE`` files per chunk (LeRobot's
+    ``update_chunk_file_indices``)."""
+    return (chunk + 1, 0) if file == CHUNKS_SIZE - 1 else (chunk, file + 1)
 
 
 class MarkerError(ValueError):
@@ -98,8 +114,6 @@ def depth_identity_of_info(info: Mapping[str, Any]) -> DepthVideoIdentity | None
 def dataset_features(fingerprint: Fingerprint) -> dict[str, dict]:
     """LeRobot features of an export: states, action, reward, annotations, cameras, language, then the
     automatic columns (timestamp, frame_index, episode_index, index, task_index)."""
-    from lerobot.datasets.language import language_feature_info
-
     features: dict[str, dict] = {}
     for name, shape in fingerprint.state_shapes.items():
         features[name] = {"dtype": "float32", "shape": list(shape), "names": None}
@@ -112,7 +126,7 @@ def dataset_features(fingerprint: Fingerprint) -> dict[str, dict]:
                 else video_info(fingerprint, camera.height, camera.width))
         features[camera_key(camera.name)] = {"dtype": "video", "shape": list(camera.feature_shape),
                                              "names": ["height", "width", "channels"], "info": info}
-    for key, ft in language_feature_info().items():
+    for key, ft in LANGUAGE_FEATURES.items():
         features[key] = {**ft, "shape": list(ft["shape"])}
     for key in AUTOMATIC_COLUMNS:
         features[key] = {"dtype": "float32" if key == "timestamp" else "int64", "shape": [1], "names": None}

@@ -15,7 +15,7 @@ from typing import Any
 import av
 import numpy as np
 
-from demoforge.storage.lerobot.format import INFO, SIDECAR, read_sidecar
+from demoforge.storage.lerobot.format import INFO, SIDECAR, VIDEO_PATH, read_sidecar
 from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.video import count_frames
 
@@ -167,8 +167,6 @@ def _check_sidecar(report: ValidationReport, root: Path, data, episodes, fps: in
 
 
 def _check_videos(report: ValidationReport, root: Path, info: dict, episodes, fps: int) -> None:
-    from lerobot.datasets.utils import DEFAULT_VIDEO_PATH
-
     for key, ft in info["features"].items():
         if ft.get("dtype") != "video":
             continue
@@ -180,7 +178,7 @@ def _check_videos(report: ValidationReport, root: Path, info: dict, episodes, fp
                 report.problem(f"episode {row['episode_index']}: {key} spans {span:.4f} s for {row['length']} frames")
             files[(chunk, file)] += int(row["length"])
         for (chunk, file), expected in files.items():
-            path = root / DEFAULT_VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
+            path = root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
             try:
                 count = count_frames(path)
             except (FileNotFoundError, av.FFmpegError) as exc:
