@@ -81,10 +81,15 @@ class Served:
 
 
 @contextmanager
-def served(path: Path, *extra: str):
-    """``demoforge view PATH --port 0`` as a real process; yields its URL; Ctrl-C stops it."""
+def served(path: Path, *extra: str, stop: signal.Signals = signal.SIGINT, ignore_sigint: bool = False):
+    """``demoforge view PATH --port 0`` as a real process; yields its URL; Ctrl-C (or ``stop``) stops it.
+    ``ignore_sigint``: start it with SIGINT ignored, as the child of a process that ignores it is."""
+    def preexec() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     proc = subprocess.Popen(demoforge_argv("view", str(path), "--port", "0", *extra), env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            preexec_fn=preexec if ignore_sigint else None)
     result = Served()
     assert proc.stdout is not None and proc.stderr is not None
     try:
@@ -93,9 +98,10 @@ def served(path: Path, *extra: str):
         result.url = line[line.index("http://"):].split()[0]
         yield result
     finally:
-        proc.send_signal(signal.SIGINT)
-        _out, result.stderr = proc.communicate(timeout=30)
+        proc.send_signal(stop)
+        out, result.stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, result.stderr
+    assert out.strip().endswith("stopped"), out
 
 
 def wait(driver, condition, timeout=20.0, message=""):
@@ -807,6 +813,15 @@ def test_cli_errors_warning_and_help(tmp_path, fetch):
     with served(fetch["dataset"], "--host", "0.0.0.0") as server:  # listening beyond loopback is said loudly
         assert server.url.startswith("http://0.0.0.0:")
     assert "warning: serving on 0.0.0.0, not loopback" in server.stderr
+
+
+@pytest.mark.parametrize("stop, ignore_sigint", [(signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_sigterm_and_an_inherited_ignored_sigint_stop_the_server(fetch, stop, ignore_sigint):
+    """A service manager stops the viewer with SIGTERM; Ctrl-C stops it even when it was started by a process
+    that ignores SIGINT (which a child inherits)."""
+    with served(fetch["dataset"], stop=stop, ignore_sigint=ignore_sigint) as server:
+        status, _headers, body = request(int(server.url.rsplit(":", 1)[1].strip("/")), "/")
+        assert status == 200 and body
 
 
 def test_a_built_wheel_carries_the_page(tmp_path):

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import errno
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from demoforge.storage.viewer.files import ViewerError
 from demoforge.storage.viewer.server import ViewerServer, is_loopback
@@ -41,14 +45,36 @@ def run_view(path: Path, *, host: str, port: int, html: Path | None) -> int:
                       file=sys.stderr, flush=True)
             print(f"serving {what}, {count} {'attempt' if summary.kind == 'store' else 'episode'}(s), at "
                   f"{server.url} ({_writes(source)}; Ctrl-C stops)", flush=True)
-            server.serve_forever()
-        except KeyboardInterrupt:
+            with _stopped_by_signals():
+                server.serve_forever()
+        except _Stop:
             print("stopped", flush=True)
         finally:
             server.close()
         return 0
     finally:
         source.close()
+
+
+class _Stop(BaseException):
+    """SIGINT or SIGTERM arrived: the server stops (exit 0)."""
+
+
+@contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """Ctrl-C and SIGTERM (a service manager's stop) end the server, also when this process was started with
+    SIGINT ignored or blocked, as a child of a process that ignores it may be."""
+    def stop(_signum: int, _frame: Any) -> None:
+        raise _Stop
+
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, stop) for sig in stops}
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _writes(source: ViewerSource) -> str:
