@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import random
-import signal
-import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from demoforge.pipeline.runner import run_job
 from demoforge.storage.lerobot.export import NotOurDatasetError, SchemaMismatchError, ExportError, export_store
 from demoforge.storage.lerobot.validate import validate_dataset
 from demoforge.storage.reader import open_store_reader
-from helpers import cli_env, decode_frames, demoforge_argv, psnr, run_cli
+from helpers import cli_env, decode_frames, demoforge_argv, kill_once_started, psnr, run_cli
 
 pytestmark = pytest.mark.slow
 OPTIONS = {"steps": 24, "size": 48}
@@ -144,6 +145,15 @@ def test_two_exports_append_and_a_third_changes_nothing(tmp_path):
     catalog.close()
 
 
+def _building_since(versions: Path, since: float) -> bool:
+    """A version's build folder was made at or after ``since`` (a killed export's old one does not count)."""
+    for build in versions.glob("*.partial"):
+        with contextlib.suppress(FileNotFoundError):
+            if build.stat().st_mtime >= since - 0.01:
+                return True
+    return False
+
+
 def test_sigkill_during_export_leaves_the_previous_or_the_new_dataset(tmp_path):
     rng = random.Random(7)
     store, out = tmp_path / "store", tmp_path / "dataset"
@@ -151,15 +161,14 @@ def test_sigkill_during_export_leaves_the_previous_or_the_new_dataset(tmp_path):
     assert run_cli("export", "--store", str(store), "--out", str(out)).returncode == 0
     generate(store, 6)
     states = set()
+    versions = tmp_path / "dataset.versions"
     for trial in range(5):
-        proc = subprocess.Popen(demoforge_argv("export", "--store", str(store), "--out", str(out)),
-                                env=cli_env(DEMOFORGE_EXPORT_PAUSE="0.4"), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(2.0, 7.0))
-        killed = proc.poll() is None
-        if killed:
-            proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
+        # Killed once the new version is being built, somewhere in its 7 paused steps of 0.4 s (the first
+        # trial before its publish, the others anywhere up to just past it).
+        kill_once_started(demoforge_argv("export", "--store", str(store), "--out", str(out)),
+                          functools.partial(_building_since, versions, time.time()),
+                          rng.uniform(0.0, 1.5) if trial == 0 else rng.uniform(0.0, 3.5),
+                          env=cli_env(DEMOFORGE_EXPORT_PAUSE="0.4"))
         dataset = load(out)  # the published dataset always loads
         assert dataset.num_episodes in (3, 6), dataset.num_episodes
         assert validate_dataset(out).status == 0

@@ -20,7 +20,8 @@ from demoforge.storage.lerobot import format as fmt
 from demoforge.storage.lerobot.arrow_schema import data_schema
 from demoforge.storage.lerobot.stats import vector_stats
 from demoforge.storage.lerobot.stats_file import StatsShapeError, aggregate_stats, read_stats, stats_json_text
-from helpers import REPO, cli_env, run_cli
+from demoforge.storage.lerobot.validate import validate_dataset
+from helpers import REPO, cli_env
 
 
 def test_layout_names_and_chunk_numbering_are_lerobots():
@@ -135,4 +136,5 @@ def test_an_export_process_imports_neither_lerobot_nor_torch(tmp_path: Path):
                              env=cli_env(), stdin=subprocess.DEVNULL, timeout=120)
         result = json.loads(out.stdout.strip().splitlines()[-1])
         assert result == {"code": 0, "heavy": []}, (args, result, out.stderr[-2000:])
-    run_cli("validate", str(tmp_path / "ds"))  # and LeRobot loads what was written
+    check = validate_dataset(tmp_path / "ds")  # and LeRobot loads what was written
+    assert check.status == 0 and check.episodes == 1, check.to_json()

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from demoforge.storage.catalog import Catalog
+from demoforge.storage.lerobot.validate import validate_dataset
 from helpers import cli_env, daemon_events, demoforge_argv, run_cli
 
 GEN = ("generate", "--task", "toy-point", "--codec", "h264", "--option", "steps=8")
@@ -61,8 +62,8 @@ def test_prune_exported_then_status_verify_export_and_resume(tmp_path: Path) -> 
     resumed = run_cli(*GEN, "--episodes", "8", "--store", str(store))  # generation resumes normally
     assert resumed.returncode == 0, resumed.stderr
     assert len(rows(store)) == 8 and len(staged(store)) == 2
-    check = run_cli("validate", str(dataset), "--json")
-    assert check.returncode == 0 and json.loads(check.stdout)["episodes"] == 6
+    check = validate_dataset(dataset)  # in process: the validate command itself is tested in test_export.py
+    assert check.status == 0 and check.episodes == 6, check.to_json()
 
 
 def test_prune_killed_midway_is_finished_by_the_next_prune_or_writer(tmp_path: Path) -> None:
@@ -117,5 +118,5 @@ min_free_mb = 0
     store = tmp_path / "store"
     assert set(rows(store).values()) == {"exported"} and len(rows(store)) == 6
     assert not staged(store)  # the final export's episodes were pruned too
-    check = run_cli("validate", str(tmp_path / "dataset"), "--json")
-    assert check.returncode == 0 and json.loads(check.stdout)["episodes"] == 6
+    check = validate_dataset(tmp_path / "dataset")
+    assert check.status == 0 and check.episodes == 6, check.to_json()
