@@ -202,8 +202,14 @@ class _EnvThread:
         return False
 
     async def _send_all(self, records: list[Record]) -> None:
+        # What fits in the stream goes in at once: ``send`` yields to the event loop before each record, and
+        # this env thread waits for the whole batch, so every yield would let other stages run on its time.
+        # Only a full stream (backpressure) makes it wait.
         for record in records:
-            await self.send.send(record)
+            try:
+                self.send.send_nowait(record)
+            except anyio.WouldBlock:
+                await self.send.send(record)
 
     def _flush(self) -> None:
         state = self.state
