@@ -99,26 +99,36 @@ def test_task_info_matches_the_frames(aloha):
     assert info.segment_names == SEGMENTS and info.fps == 50 and len(info.action_names) == 14
 
 
-def test_only_the_top_camera_is_rendered(aloha):
+def test_only_the_top_camera_is_rendered_by_one_kept_camera(aloha, monkeypatch):
+    """Each observation renders the top camera alone, at the configured size, through one camera kept for the
+    physics (``physics.render`` would build a camera and a scene every frame)."""
+    from dm_control import mujoco as dm_mujoco
+
     env, _records = aloha
     physics = env.physics
-    calls: list[tuple[Any, ...]] = []
-    render = physics.render
+    renders: list[tuple[Any, ...]] = []
+    cameras: list[int] = []
+    render, init = dm_mujoco.Camera.render, dm_mujoco.Camera.__init__
 
-    def spy(*args: Any, **kwargs: Any) -> np.ndarray:
-        calls.append((kwargs.get("camera_id"), kwargs.get("height"), kwargs.get("width")))
-        return render(*args, **kwargs)
+    def spy_render(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        name = physics.model.id2name(self._render_camera.fixedcamid, "camera")
+        renders.append((name, self.height, self.width, id(self)))
+        return render(self, *args, **kwargs)
 
-    physics.render = spy
-    try:
-        env.reset(seed=1)
-        hold = env.demo_hold_action()
-        for _ in range(2):
-            _obs, _reward, terminated, _truncated, _info = env.step(hold)
-            assert not terminated
-    finally:
-        del physics.render
-    assert calls == [("top", 48, 64)] * 3
+    def spy_init(self, *args: Any, **kwargs: Any) -> None:
+        cameras.append(id(self))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(dm_mujoco.Camera, "render", spy_render)
+    monkeypatch.setattr(dm_mujoco.Camera, "__init__", spy_init)
+    monkeypatch.setattr(physics, "render", lambda *a, **k: pytest.fail("physics.render builds a camera per frame"))
+    env.reset(seed=1)
+    hold = env.demo_hold_action()
+    for _ in range(2):
+        _obs, _reward, terminated, _truncated, _info = env.step(hold)
+        assert not terminated
+    assert [r[:3] for r in renders] == [("top", 48, 64)] * 3
+    assert len({r[3] for r in renders}) == 1 and len(cameras) <= 1
 
 
 def test_hold_action_keeps_the_arms_still(aloha):

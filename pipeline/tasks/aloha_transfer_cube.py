@@ -249,16 +249,32 @@ class _OneCameraTransferCubeTask(TransferCubeTask):
     def __init__(self, height: int, width: int) -> None:
         super().__init__()
         self._size = (height, width)
+        self._camera: dm_mujoco.Camera | None = None
 
     def get_observation(self, physics: Any) -> collections.OrderedDict:
         obs = collections.OrderedDict()
         obs["qpos"] = self.get_qpos(physics)
         obs["qvel"] = self.get_qvel(physics)
         obs["env_state"] = self.get_env_state(physics)
-        height, width = self._size
         with GL_LOCK:
-            obs["images"] = {CAMERA: physics.render(height=height, width=width, camera_id=CAMERA)}
+            obs["images"] = {CAMERA: self._camera_of(physics).render()}
         return obs
+
+    def _camera_of(self, physics: Any) -> dm_mujoco.Camera:
+        """One camera for the episode's physics, kept across frames: ``physics.render`` builds a new camera
+        (and allocates a scene of ~1,000 geoms) every frame, about 12% of a step here; the image is the same
+        (each render updates the whole scene from the physics)."""
+        camera = self._camera
+        if camera is None or camera._physics is not physics:  # noqa: SLF001 (dm_control keeps no public handle)
+            self.close_camera()
+            height, width = self._size
+            camera = self._camera = dm_mujoco.Camera(physics=physics, height=height, width=width, camera_id=CAMERA)
+        return camera
+
+    def close_camera(self) -> None:
+        if self._camera is not None:
+            self._camera._scene.free()  # noqa: SLF001 (what physics.render does with its camera)
+            self._camera = None
 
 
 class _OneCameraAlohaEnv(AlohaEnv):
@@ -371,6 +387,7 @@ class AlohaTransferCube(gym.Wrapper):
         if not self._closed:
             self._closed = True
             self._planner.close()
+            self.env.unwrapped._env.task.close_camera()
             self.physics.free()
         super().close()
 
