@@ -1,0 +1,139 @@
+#!/usr/bin/env python
+"""Where recording slows the simulator: the env thread's time, env only against generate, on one task.
+
+Each round runs the task's episodes twice in fresh processes, interleaved: env only (the executor with
+rendering, frames discarded, as ``demoforge run``) and ``run_job`` (the thread executor: encode, stage,
+commit, as ``demoforge generate``). Inside each, the env is wrapped to time every ``env.step`` (wall and the
+env thread's own CPU) and the step stage's hand-offs to the event loop are timed, so the difference splits
+into: the simulator itself running slower beside the recorder (``in env.step``), the recorder's work on the
+env thread (``outside step``, of which ``hand-offs``), and the rest::
+
+    MUJOCO_GL=egl HF_HUB_OFFLINE=1 .venv/bin/python tools/profile_overlap.py --task aloha-transfer-cube --episodes 2 --rounds 2
+
+Medians over the rounds; every number of one table comes from the same invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
+    """One run in this process (called in a child): the env thread's breakdown as a dict."""
+    import gymnasium as gym
+
+    from demoforge.pipeline.job import JobSpec
+    from demoforge.pipeline.runner import run_job
+    from demoforge.pipeline.tasks.registry import get_task
+    from demoforge.stages import step as step_stage
+    from demoforge.stages.executor import run_episodes
+
+    timed = {"step_wall": 0.0, "step_cpu": 0.0, "steps": 0, "reset_wall": 0.0, "handoff_wall": 0.0, "handoffs": 0}
+
+    class Timed(gym.Wrapper):
+        def step(self, action: Any) -> Any:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            out = self.env.step(action)
+            timed["step_wall"] += time.perf_counter() - wall
+            timed["step_cpu"] += time.thread_time() - cpu
+            timed["steps"] += 1
+            return out
+
+        def reset(self, **kwargs: Any) -> Any:
+            wall = time.perf_counter()
+            out = self.env.reset(**kwargs)
+            timed["reset_wall"] += time.perf_counter() - wall
+            return out
+
+    entry = get_task(task)
+    build = entry.build
+    flush = step_stage._EnvThread._flush
+
+    def timed_flush(self: Any) -> None:
+        wall = time.perf_counter()
+        flush(self)
+        timed["handoff_wall"] += time.perf_counter() - wall
+        timed["handoffs"] += 1
+
+    step_stage._EnvThread._flush = timed_flush  # type: ignore[method-assign]
+    object.__setattr__(entry, "build", lambda options=None: Timed(build(options)))
+    wall, cpu = time.perf_counter(), time.process_time()
+    if mode == "env-only":
+        env = entry.build({})
+        info = entry.info({})
+        for _record in run_episodes(env, task=task, episodes=episodes, job_seed=0, max_attempts=3,
+                                    cameras=info.cameras):
+            pass
+        env.close()
+    else:
+        run_job(JobSpec(task=task, episodes=episodes), store)
+    timed["wall"] = time.perf_counter() - wall
+    timed["cpu"] = time.process_time() - cpu
+    return timed
+
+
+def child(mode: str, task: str, episodes: int) -> dict[str, Any]:
+    store = Path(tempfile.mkdtemp(prefix="profile-overlap-")) / "store"
+    try:
+        out = subprocess.run([sys.executable, __file__, "--child", mode, "--task", task, "--episodes", str(episodes),
+                              "--store", str(store)], capture_output=True, text=True, cwd=REPO, check=False)
+        if out.returncode != 0:
+            raise SystemExit(f"{mode} run failed:\n{out.stderr[-3000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(store.parent, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="aloha-transfer-cube", help="task (default: aloha-transfer-cube)")
+    parser.add_argument("--episodes", type=int, default=2, help="episodes per run (default: 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default: 2)")
+    parser.add_argument("--child", choices=("env-only", "generate"), help=argparse.SUPPRESS)
+    parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    if args.child:
+        print(json.dumps(measure(args.child, args.task, args.episodes, args.store)))
+        return
+    runs: dict[str, list[dict[str, Any]]] = {"env-only": [], "generate": []}
+    for r in range(args.rounds):
+        for mode in (("env-only", "generate") if r % 2 == 0 else ("generate", "env-only")):
+            runs[mode].append(child(mode, args.task, args.episodes))
+            print(f"round {r + 1} {mode}: wall {runs[mode][-1]['wall']:.2f} s; load {os.getloadavg()[0]:.2f}",
+                  file=sys.stderr, flush=True)
+
+    def med(mode: str, key: str) -> float:
+        return statistics.median(x[key] for x in runs[mode])
+
+    rows = [("wall", "wall"), ("process CPU", "cpu"), ("in env.step, wall", "step_wall"),
+            ("in env.step, env thread CPU", "step_cpu"), ("reset, wall", "reset_wall"),
+            ("hand-offs to the event loop", "handoff_wall")]
+    steps = runs["env-only"][0]["steps"]
+    print(f"{args.task}, {args.episodes} episode(s), {steps} steps, median of {args.rounds} round(s) (s)\n")
+    print("| | env only | generate | difference |\n|---|---|---|---|")
+    for label, key in rows:
+        a, b = med("env-only", key), med("generate", key)
+        print(f"| {label} | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
+    outside = {m: med(m, "wall") - med(m, "step_wall") - med(m, "reset_wall") for m in runs}
+    print(f"| outside env.step (executor, records, hand-offs; start-up) | {outside['env-only']:.2f} | "
+          f"{outside['generate']:.2f} | {outside['generate'] - outside['env-only']:+.2f} |")
+    print(f"\ngenerate / env only: {med('generate', 'wall') / med('env-only', 'wall'):.3f}; "
+          f"hand-offs: {statistics.median(x['handoffs'] for x in runs['generate']):.0f}; "
+          f"load {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
