@@ -67,7 +67,7 @@ class JobSpec:
         info = info or self.task_info()
         depth = None
         if any(c.is_depth for c in info.cameras):
-            from demoforge.storage.depth import lerobot_depth_identity  # imports lerobot: depth jobs only
+            from demoforge.storage.depth import lerobot_depth_identity
 
             depth = lerobot_depth_identity()
         return Fingerprint(schema_version=SCHEMA_VERSION, task=self.task, task_options=dict(info.options),

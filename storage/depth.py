@@ -1,15 +1,18 @@
-"""Depth video through LeRobot 0.6.1's own depth support: its encoder settings, quantizer and dequantizer.
+"""Depth video as LeRobot 0.6.1 stores it: its encoder settings, quantizer and dequantizer.
 
 A depth camera records float32 metres. LeRobot stores depth as 12-bit codes (log quantization between
 ``depth_min`` and ``depth_max`` with a ``shift``) in ``gray12le`` HEVC, lossless x265, and its reader turns
-the codes back into metres. demoforge calls LeRobot's ``quantize_depth`` / ``dequantize_depth`` and takes
-its ``DepthEncoderConfig`` for the settings, so a stored depth pixel is exactly what LeRobot would have
-written. Importing this module does not import lerobot or torch (each function does, when first called).
+the codes back into metres. The settings (``DepthEncoderConfig()``'s defaults and its codec options) and the
+arithmetic of ``quantize_depth`` / ``dequantize_depth`` (float32, the same operations in the same order) are
+written out here, because importing ``lerobot.configs`` or ``lerobot.datasets`` costs seconds of torch imports
+in every process that records, reads or checks depth. ``tests/test_depth_parity.py`` compares each with
+LeRobot's own, bit for bit, so a stored depth pixel is exactly what LeRobot would have written.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable, Iterator
 
 import av
@@ -24,67 +27,91 @@ DEPTH_UNIT = "m"  # what a depth camera records, and the ``depth_unit`` of the e
 #: Near and far of the colour map as percentiles of an episode's depth: robust, so a far background does not
 #: flatten the scene. ``inspect --plot`` and ``demoforge view`` colour depth the same way.
 COLOUR_PERCENTILES = (1.0, 90.0)
+#: The largest 12-bit code (``lerobot.configs.video.DEPTH_QMAX``).
+DEPTH_QMAX = 4095
+
+
+class DepthSettingsError(ValueError):
+    """Depth quantizer settings LeRobot refuses (log quantization needs ``depth_min + shift > 0``)."""
 
 
 @functools.cache
 def lerobot_depth_identity() -> DepthVideoIdentity:
-    """LeRobot 0.6.1's default depth encoder (``DepthEncoderConfig()``) as the fingerprint records it."""
-    from lerobot.configs.video import DepthEncoderConfig
-
-    config = DepthEncoderConfig()
-    extra = dict(config.extra_options)
-    if config.vcodec == "hevc":
-        params = extra.get("x265-params")
-        extra["x265-params"] = f"{params}:{QUIET_X265}" if params else QUIET_X265
-    return DepthVideoIdentity(codec=config.vcodec, pix_fmt=config.pix_fmt, g=config.g, crf=config.crf,
-                              preset=config.preset, extra_options=extra, depth_min=float(config.depth_min),
-                              depth_max=float(config.depth_max), shift=float(config.shift),
-                              use_log=bool(config.use_log))
-
-
-def encoder_config(identity: DepthVideoIdentity):  # -> lerobot.configs.video.DepthEncoderConfig
-    """LeRobot's ``DepthEncoderConfig`` for these settings (its ``get_codec_options`` maps them for PyAV)."""
-    from lerobot.configs.video import DepthEncoderConfig
-
-    return DepthEncoderConfig(vcodec=identity.codec, pix_fmt=identity.pix_fmt, g=identity.g, crf=identity.crf,
-                              preset=identity.preset, extra_options=dict(identity.extra_options),
-                              depth_min=identity.depth_min, depth_max=identity.depth_max, shift=identity.shift,
-                              use_log=identity.use_log)
+    """LeRobot 0.6.1's default depth encoder (``DepthEncoderConfig()``) as the fingerprint records it, with
+    x265's logging quieted."""
+    return DepthVideoIdentity(codec="hevc", pix_fmt="gray12le", g=2, crf=30, preset=None,
+                              extra_options={"x265-params": f"lossless=1:{QUIET_X265}"}, depth_min=0.01,
+                              depth_max=10.0, shift=3.5, use_log=True)
 
 
 def codec_options(identity: DepthVideoIdentity) -> dict[str, str]:
-    """PyAV codec options for the depth encoder, exactly as LeRobot maps its config."""
-    return encoder_config(identity).get_codec_options(as_strings=True)
+    """PyAV codec options for the depth encoder, as LeRobot's ``get_codec_options(as_strings=True)`` maps an
+    HEVC or h264 config: ``g``, then ``crf`` and ``preset`` where set, then the extra options that do not
+    override those."""
+    if identity.codec not in ("hevc", "h264"):
+        raise DepthSettingsError(f"depth codec {identity.codec!r}: only hevc and h264 are mapped")
+    opts = {"g": str(identity.g)}
+    for key, value in (("crf", identity.crf), ("preset", identity.preset)):
+        if value is not None:
+            opts[key] = str(value)
+    for key, value in identity.extra_options.items():
+        if key not in opts and value is not None:
+            opts[key] = str(value)
+    return opts
 
 
-def quantize(depth_m: np.ndarray, identity: DepthVideoIdentity) -> av.VideoFrame:
-    """A depth image in metres as the ``gray12le`` frame LeRobot's ``quantize_depth`` makes of it."""
-    from lerobot.datasets.depth_utils import quantize_depth
-
-    return quantize_depth(depth_m, depth_min=identity.depth_min, depth_max=identity.depth_max,
-                          shift=identity.shift, use_log=identity.use_log, pix_fmt=identity.pix_fmt,
-                          video_backend="pyav", input_unit=DEPTH_UNIT)
+def _check_log(identity: DepthVideoIdentity) -> None:
+    if identity.use_log and identity.depth_min + identity.shift <= 0:
+        raise DepthSettingsError(f"depth_min + shift must be positive for logarithmic quantization, got "
+                                 f"depth_min={identity.depth_min} + shift={identity.shift}")
 
 
 def quantize_codes(depth_m: np.ndarray, identity: DepthVideoIdentity) -> np.ndarray:
     """The 12-bit codes (uint16) LeRobot's ``quantize_depth`` makes of a depth image in metres."""
-    from lerobot.datasets.depth_utils import quantize_depth
+    _check_log(identity)
+    depth = np.asarray(depth_m)
+    if depth.ndim == 3 and (depth.shape[0] == 1 or depth.shape[-1] == 1):  # one channel, first or last
+        depth = depth[0] if depth.shape[0] == 1 else depth[..., 0]
+    depth = depth.astype(np.float32, order="K")
+    low, high, shift = np.float32(identity.depth_min), np.float32(identity.depth_max), np.float32(identity.shift)
+    norm: np.ndarray
+    if identity.use_log:
+        log_min, log_max = math.log(float(low + shift)), math.log(float(high + shift))
+        norm = (np.log(depth + shift) - log_min) / (log_max - log_min)
+    else:
+        norm = (depth - low) / (high - low)
+    return np.rint(norm * DEPTH_QMAX).clip(0, DEPTH_QMAX).astype(np.uint16, copy=False)
 
-    return quantize_depth(depth_m, depth_min=identity.depth_min, depth_max=identity.depth_max,
-                          shift=identity.shift, use_log=identity.use_log, pix_fmt=identity.pix_fmt,
-                          video_backend=None, input_unit=DEPTH_UNIT)
+
+def quantize(depth_m: np.ndarray, identity: DepthVideoIdentity) -> av.VideoFrame:
+    """A depth image in metres as the ``gray12le`` frame LeRobot's ``quantize_depth`` makes of it."""
+    codes = quantize_codes(depth_m, identity)
+    frame = av.VideoFrame.from_ndarray(codes, format=identity.pix_fmt)
+    plane = frame.planes[0]  # rows are padded past the width: write each row's pixels only
+    height, width = codes.shape
+    rows = np.frombuffer(plane, dtype=np.uint16).reshape(height, plane.line_size // 2)
+    rows[:, :width] = codes
+    return frame
 
 
 def dequantize(codes: np.ndarray, identity: DepthVideoIdentity) -> np.ndarray:
-    """Metres (float32, same shape as ``codes``) from 12-bit codes, by LeRobot's ``dequantize_depth``."""
-    from lerobot.datasets.depth_utils import dequantize_depth
-
+    """Metres (float32, same shape as ``codes``) from 12-bit codes, as LeRobot's ``dequantize_depth``."""
+    _check_log(identity)
+    low, high, shift = float(identity.depth_min), float(identity.depth_max), float(identity.shift)
+    if identity.use_log:
+        offset = math.log(low + shift)
+        scale = (math.log(high + shift) - offset) / DEPTH_QMAX
+    else:
+        offset, scale = low, (high - low) / DEPTH_QMAX
     array = np.asarray(codes)
-    array = array[..., None] if array.ndim >= 3 else array  # (N, H, W) -> (N, H, W, 1): lerobot's layout
-    metres = dequantize_depth(array, depth_min=identity.depth_min, depth_max=identity.depth_max,
-                              shift=identity.shift, use_log=identity.use_log, pix_fmt=identity.pix_fmt,
-                              output_unit=DEPTH_UNIT, output_tensor=False, output_channel_last=True)
-    return np.asarray(metres)[..., 0]
+    metres = np.empty(array.shape, dtype=np.float32)
+    np.multiply(array, scale, out=metres)
+    np.add(metres, offset, out=metres)
+    if identity.use_log:
+        np.exp(metres, out=metres)
+        np.subtract(metres, shift, out=metres)
+    np.clip(metres, low, high, out=metres)
+    return metres
 
 
 def iter_codes(source: VideoSource, pix_fmt: str = "gray12le") -> Iterator[np.ndarray]:
