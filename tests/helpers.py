@@ -43,6 +43,24 @@ def run_cli(*args: str, timeout: float = 300, **extra_env: str) -> subprocess.Co
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+def attempts_now(store: Path, states: tuple[str, ...] | None = None) -> list:
+    """The catalog's attempt rows (of ``states``) at this moment, safe while a job writes the store; empty
+    before the job has created its catalog."""
+    from demoforge.storage.catalog import CATALOG_FILE, Catalog
+    from demoforge.storage.errors import StoreError
+
+    if not (store / CATALOG_FILE).exists():
+        return []
+    try:
+        catalog = Catalog.open_read_only(store)
+    except StoreError:  # being created this moment
+        return []
+    try:
+        return catalog.attempts(states)
+    finally:
+        catalog.close()
+
+
 def kill_after_start(argv: list[str], store: Path, delay_s: float, env: dict[str, str] | None = None,
                      start_timeout_s: float = 120) -> bool:
     """Run ``argv`` (a command writing ``store``), wait until it has created the store's catalog (start-up time

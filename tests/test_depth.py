@@ -36,7 +36,7 @@ from demoforge.storage.lerobot.validate import validate_dataset  # noqa: E402
 from demoforge.storage.reader import open_store_reader  # noqa: E402
 from demoforge.storage.schema import DEPTH, Fingerprint, FingerprintError  # noqa: E402
 from demoforge.storage.staging import staged_episode_ids  # noqa: E402
-from helpers import cli_env, demoforge_argv, kill_once_started  # noqa: E402
+from helpers import attempts_now, cli_env, demoforge_argv, kill_once_started  # noqa: E402
 from toy_tasks import DEFAULTS as TOY_DEFAULTS  # noqa: E402
 from toy_tasks import CameraPointEnv  # noqa: E402
 from toy_tasks import describe as toy_describe  # noqa: E402
@@ -415,20 +415,6 @@ def test_bad_depth_ends_the_attempt_with_a_typed_error_and_stages_nothing(tmp_pa
 
 # ------------------------------------------------------------------------------------------- kill -9
 @pytest.mark.slow
-def _attempt_rows(store: Path) -> int:
-    """Attempts the store's catalog holds (0 before it exists)."""
-    if not (store / "catalog.sqlite").exists():
-        return 0
-    try:
-        catalog = Catalog.open_read_only(store)
-    except Exception:  # being created this moment
-        return 0
-    try:
-        return len(catalog.attempts())
-    finally:
-        catalog.close()
-
-
 def test_sigkill_with_depth_resumes_to_a_clean_runs_content(tmp_path: Path) -> None:
     """SIGKILL `demoforge generate` with depth on at random moments, resume: committed episodes never change,
     and the resumed store holds exactly what an uninterrupted run holds (content hashes)."""
@@ -441,9 +427,9 @@ def test_sigkill_with_depth_resumes_to_a_clean_runs_content(tmp_path: Path) -> N
     for _trial in range(3):
         # Killed once this run has begun an attempt of its own (a new catalog row), somewhere in its next
         # episode or two (an episode takes about a second here).
-        rows_before = _attempt_rows(store)
+        rows_before = len(attempts_now(store))
         if kill_once_started(demoforge_argv(*args, "--store", str(store)),
-                             lambda: _attempt_rows(store) > rows_before, rng.uniform(0.1, 1.5),
+                             lambda: len(attempts_now(store)) > rows_before, rng.uniform(0.1, 1.5),
                              start_timeout_s=180):
             kills += 1
         with open_store_reader(store) as view:

@@ -30,7 +30,7 @@ from demoforge.storage.reader import open_store_reader
 from demoforge.storage.schema import AttemptState
 from demoforge.storage.staging import VIDEO_SHARD_BYTES, staged_episode_ids
 from demoforge.storage.store_verify import verify_store
-from helpers import cli_env, demoforge_argv
+from helpers import attempts_now, cli_env, demoforge_argv
 
 # One Ray cluster per test session: the suite runs with `-n 2 --dist loadfile`, so every test of this file runs
 # in one pytest-xdist worker, which alone starts the session's Ray clusters (conftest.ray_nodes, and
@@ -437,7 +437,6 @@ def test_stop_discards_in_flight_attempts_of_remote_workers_and_keeps_committed(
 
     import anyio
 
-    from demoforge.storage.catalog import Catalog
     from demoforge.storage.schema import AttemptState
 
     # Episodes of 2 s: a worker sends a piece every 0.5 s, so an attempt is staged long before it ends.
@@ -450,17 +449,9 @@ def test_stop_discards_in_flight_attempts_of_remote_workers_and_keeps_committed(
         # Stop once 2 episodes are committed and an attempt is in flight (staged in the catalog): the state the
         # test is about, waited for (not timed).
         while not done.is_set():
-            try:
-                catalog = Catalog.open_read_only(tmp_path / "store")
-            except Exception:
-                done.wait(0.05)
-                continue
-            try:
-                committed = catalog.count(AttemptState.COMMITTED)
-                staged = catalog.attempts((AttemptState.STAGING,))
-            finally:
-                catalog.close()
-            if committed >= 2 and staged:
+            rows = attempts_now(tmp_path / "store")
+            committed = sum(r.state == AttemptState.COMMITTED for r in rows)
+            if committed >= 2 and any(r.state == AttemptState.STAGING for r in rows):
                 runner.stop()
                 return
             done.wait(0.05)

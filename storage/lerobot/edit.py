@@ -65,7 +65,6 @@ from demoforge.storage.lerobot.format import (
     file_checksum,
     schema_differences,
 )
-from demoforge.storage.lerobot.stats import vector_stats
 from demoforge.storage.lerobot.publish import (
     KEEP_VERSIONS,
     Published,
@@ -87,6 +86,7 @@ from demoforge.storage.lerobot.rejected import (
     read_rejections,
     rejected_list_path,
 )
+from demoforge.storage.lerobot.stats import vector_stats
 from demoforge.storage.lerobot.video_cut import CopyResult, Span, SpanCut, VideoFile, copy_spans
 from demoforge.storage.paths import short_path
 from demoforge.storage.write_errors import free_bytes, human_bytes, writing
