@@ -25,6 +25,7 @@ from demoforge.pipeline.replay import (
 )
 from demoforge.storage.episode_source import EpisodeRef, EpisodeSource, EpisodeSourceError, open_episode_source
 from demoforge.storage.episode_spec import EpisodeSpecError, parse_episode_ranges
+from demoforge.storage.scheduling import reset_process_priority
 from demoforge.storage.provenance import library_versions
 
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_CANNOT_RUN = 0, 1, 2
@@ -229,7 +230,8 @@ def _run_pool(path: str, refs: Sequence[EpisodeRef], settings: ReplaySettings, w
     """Episodes in ``workers`` spawned processes (MuJoCo's GL contexts and threads do not survive a fork)."""
     out: list[EpisodeVerdict] = []
     context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(refs)), mp_context=context)
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(refs)), mp_context=context,
+                               initializer=reset_process_priority)
     try:
         pending: dict[Future[EpisodeVerdict], EpisodeRef] = {
             pool.submit(_worker_replay, path, ref, settings): ref for ref in refs}

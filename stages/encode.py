@@ -29,6 +29,7 @@ from demoforge.stages.records import AttemptEnded, CameraTail, EncodedFrame, Fra
 from demoforge.stages.settings import VideoSettings
 from demoforge.storage import depth as depth_video
 from demoforge.storage.sampled_frames import SampledFrames
+from demoforge.storage.video import open_encoder
 from demoforge.storage.schema import CameraSpec
 from demoforge.storage.schema import DepthVideoIdentity
 
@@ -76,6 +77,7 @@ class CameraEncoder:
             self._stream.width = camera.width
             self._stream.height = camera.height
             self._stream.pix_fmt = settings.pix_fmt
+            open_encoder(self._stream)
         except Exception as exc:
             raise EncoderError(f"camera {camera.name!r}: cannot open {settings.codec} encoder: {exc}") from exc
 
@@ -133,6 +135,7 @@ class DepthEncoder(CameraEncoder):
             self._stream.width = camera.width
             self._stream.height = camera.height
             self._stream.pix_fmt = self.identity.pix_fmt
+            open_encoder(self._stream)
         except Exception as exc:
             raise EncoderError(f"depth camera {camera.name!r}: cannot open {self.identity.codec} encoder: "
                                f"{exc}") from exc

@@ -117,8 +117,13 @@ class _Lane:
         except BaseException as exc:  # an encoder failure (EncoderError) or a bug: the stage re-raises it
             hub.fail(exc)
         finally:
-            for encoder in self._encoders.values():  # whatever is left belongs to no committable attempt
-                encoder.abort()
+            # Whatever is left belongs to no committable attempt. A failing clean-up (a full disk) is reported
+            # like any failure, never escapes the thread: the first failure is what the stage raises.
+            for encoder in self._encoders.values():
+                try:
+                    encoder.abort()
+                except BaseException as exc:
+                    hub.fail(exc)
             self._encoders.clear()
 
     def _do(self, job: _Job) -> bytes | CameraTail | None:

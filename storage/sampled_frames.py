@@ -36,14 +36,19 @@ class SampledFrames:
         self._what = f"the frames kept for camera {camera.name!r}'s statistics (a temporary file)"
         self._where = Path(spill_dir) if spill_dir is not None else Path(tempfile.gettempdir())
         with writing(self._what, self._where):
-            self._file: IO[bytes] | None = tempfile.TemporaryFile(dir=spill_dir, prefix="demoforge-stats-")
+            # Unbuffered: every frame reaches the file when added (a full disk fails that add, named), and
+            # closing writes nothing, so dropping an aborted attempt's frames cannot fail on a full disk.
+            self._file: IO[bytes] | None = tempfile.TemporaryFile(dir=spill_dir, prefix="demoforge-stats-",
+                                                                  buffering=0)
 
     def add(self, image: np.ndarray) -> None:
         """Keep the pixels of one frame LeRobot's statistics look at (a copy: the caller may reuse ``image``)."""
         assert self._file is not None, "add() after close()"
         pixels = np.ascontiguousarray(strided(np.asarray(image, dtype=self._dtype)))
         with writing(self._what, self._where):
-            self._file.write(memoryview(pixels).cast("B"))
+            data = memoryview(pixels).cast("B")
+            while data:  # a raw write may take part of the buffer
+                data = data[os.write(self._file.fileno(), data):]
         self.frames += 1
 
     def _frame(self, index: int) -> np.ndarray:
@@ -56,8 +61,6 @@ class SampledFrames:
     def statistics(self) -> FeatureStats:
         """LeRobot's statistics of this camera over the frames added (``compute_episode_stats``'s sample)."""
         assert self._file is not None, "statistics() after close()"
-        with writing(self._what, self._where):
-            self._file.flush()
         indices = sample_indices(self.frames)
         if self.camera.is_depth:
             return depth_stats(np.stack([self._frame(i) for i in indices]))
@@ -67,6 +70,7 @@ class SampledFrames:
         return acc.result()
 
     def close(self) -> None:
+        """Drop the kept frames (the file is unlinked already: closing frees its space and writes nothing)."""
         if self._file is not None:
             self._file.close()
             self._file = None

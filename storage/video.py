@@ -1,4 +1,4 @@
-"""Reading encoded camera video back: one place for demuxing and decoding with PyAV.
+"""Encoded camera video: one place for demuxing and decoding with PyAV, and for opening an encoder.
 
 Sources are the staged stream of one episode (``bytes``, fragmented MP4), an exported mp4 file (a path), or an
 open binary file (a file the viewer pinned at start and must not look up by path again).
@@ -16,7 +16,18 @@ import av
 import av.container
 import numpy as np
 
+from demoforge.storage.scheduling import normal_priority
+
 VideoSource = bytes | str | Path | BinaryIO
+
+
+def open_encoder(stream: av.video.stream.VideoStream) -> None:
+    """Open an output stream's encoder now (its size, format and options set), at normal priority.
+
+    PyAV would open it lazily at the first frame; opened here, inside :func:`normal_priority`, SVT-AV1's threads
+    and the calling thread stay out of the real-time class it asks for as root (storage/scheduling.py)."""
+    with normal_priority():
+        stream.codec_context.open(strict=False)
 
 
 @contextmanager

@@ -114,11 +114,10 @@ min_free_mb = 0
 
 def fill_up(path: Path) -> None:
     """Write until the filesystem is full (what another process on a shared disk does)."""
-    with open(path, "wb") as f:
+    with open(path, "wb", buffering=0) as f:  # unbuffered: closing has nothing left to write
         try:
             while True:
-                f.write(b"\0" * 65536)
-                f.flush()
+                f.write(b"\0" * 4096)
         except OSError:
             pass
 
@@ -173,3 +172,75 @@ def test_the_frames_kept_for_statistics_name_their_file_when_the_disk_is_full(sm
     finally:
         kept.close()
     assert "camera 'front'" in str(raised.value) and str(small_disk) in str(raised.value)
+
+
+def test_dropping_kept_frames_on_a_full_disk_writes_nothing_and_frees_their_space(small_disk: Path) -> None:
+    """An aborted attempt's kept frames are dropped while the disk is full to the last byte: closing writes
+    nothing (frames reach the file as they are added), so clean-up cannot fail, and their space comes back."""
+    import numpy as np
+
+    from demoforge.storage.sampled_frames import SampledFrames
+    from demoforge.storage.schema import CameraSpec
+
+    (small_disk / "filler").unlink()
+    kept = SampledFrames(CameraSpec("front", 16, 16), spill_dir=small_disk)
+    for _ in range(5):  # 768 bytes each: a buffered file would still hold them when the disk fills
+        kept.add(np.zeros((16, 16, 3), np.uint8))
+    fill_up(small_disk / "more")  # the disk is full at the moment the clean-up runs
+    full = shutil.disk_usage(small_disk).free
+    kept.close()
+    assert shutil.disk_usage(small_disk).free > full
+    assert not [p for p in small_disk.iterdir() if p.name.startswith("demoforge-stats-")]
+
+
+def test_an_encode_lane_whose_clean_up_fails_lets_nothing_escape_and_reports_the_first_failure() -> None:
+    """The first failure (a full disk while encoding) is what the stage raises; an encoder whose clean-up then
+    fails too is reported through the lane, never as a raw traceback from its thread."""
+    import errno
+    import threading
+
+    import anyio
+    import numpy as np
+
+    from demoforge.stages.encode_lanes import LaneSet
+    from demoforge.stages.records import AttemptKey, CameraTail
+
+    class Encoder:
+        made = 0
+
+        def __init__(self) -> None:
+            Encoder.made += 1
+            self.fails = Encoder.made == 2  # the second attempt's encoder meets the full disk
+
+        def encode(self, image: np.ndarray) -> bytes:
+            if self.fails:
+                raise OSError(errno.ENOSPC, "No space left on device (first)")
+            return b"frame"
+
+        def finish(self) -> CameraTail:
+            raise AssertionError("no attempt is kept here")
+
+        def abort(self) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device (clean-up)")
+
+    escaped: list[object] = []
+    hook = threading.excepthook
+    threading.excepthook = escaped.append
+
+    async def main() -> None:
+        lanes = LaneSet({"front": Encoder})
+        try:
+            image = np.zeros((8, 8, 3), np.uint8)
+            lanes.submit_frame(AttemptKey(0, 0), {"front": image})
+            lanes.submit_frame(AttemptKey(1, 0), {"front": image})
+            with pytest.raises(OSError, match=r"\(first\)"):
+                for _ in range(2):
+                    await lanes.next_result()
+        finally:
+            await lanes.close()
+
+    try:
+        anyio.run(main)
+    finally:
+        threading.excepthook = hook
+    assert escaped == []

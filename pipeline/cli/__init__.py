@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from demoforge.pipeline.cli import daemon, edit, export, generate, replay, store, tasks, view
 from demoforge.pipeline.cli.common import EXIT_FAIL, EXIT_USAGE, HelpFormatter, make_console
 from demoforge.pipeline.environment import prepare_process
+from demoforge.storage.scheduling import reset_process_priority
 from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, describe_write_failure
 from demoforge.pipeline.job import JobConfigError
 from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError
@@ -62,6 +63,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    reset_process_priority()  # every demoforge process runs at normal priority, whatever started it
     prepare_process()
     limit_malloc_arenas()
     make_uninitialized_reads_deterministic()

@@ -52,6 +52,9 @@ class _Link:
 
 
 def main(argv: list[str]) -> int:
+    from demoforge.storage.scheduling import reset_process_priority
+
+    reset_process_priority()  # a worker runs at normal priority whatever its parent's state
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True, name="parent-watch").start()
     conn = Connection(int(argv[1]))
     try:

@@ -47,6 +47,9 @@ class RayEpisodeWorker:
     :meth:`ready`, not raised, so the driver can show them in a few lines."""
 
     def __init__(self, spec: WorkerSpec) -> None:
+        from demoforge.storage.scheduling import reset_process_priority
+
+        reset_process_priority()  # an actor runs at normal priority whatever started its process
         self.worker: EpisodeWorker | None = None
         self.error: str | None = None
         try:

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import av
 
 from demoforge.storage.lerobot.publish import ExportError
+from demoforge.storage.video import open_encoder
 
 
 class VideoCutError(ExportError):
@@ -219,6 +220,7 @@ def _encode(frames: Sequence[av.VideoFrame], fps: int, info: Mapping[str, Any] |
         stream.width, stream.height = frames[0].width, frames[0].height
         stream.pix_fmt = config.pix_fmt
         stream.time_base = Fraction(1, fps)
+        open_encoder(stream)
         for i, frame in enumerate(frames):
             frame = frame.reformat(format=config.pix_fmt) if frame.format.name != config.pix_fmt else frame
             frame.pts, frame.time_base = i, Fraction(1, fps)

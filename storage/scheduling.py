@@ -1,0 +1,173 @@
+"""Normal scheduling priority for every thread we run, whatever a video library asks for.
+
+SVT-AV1 (LeRobot's default encoder) asks for real-time priority twice when an encoder opens, in
+``svt_av1_enc_init_handle`` / ``svt_av1_enc_init``: the calling thread switches itself to SCHED_FIFO 99
+(``pthread_setschedparam(pthread_self(), SCHED_FIFO, 99)``, result ignored), and every thread it creates
+(``svt_create_thread``) gets explicit SCHED_FIFO 99 attributes, retried with default attributes when
+``pthread_create`` answers EPERM. Both succeed only for a thread that holds CAP_SYS_NICE (root) or a
+RLIMIT_RTPRIO of 99. A real-time encoder thread preempts the simulator outright (``nice`` cannot touch it), and
+every thread or process started from such a thread inherits the class.
+
+:func:`normal_priority` is the exact fix: the thread that opens an encoder gives up CAP_SYS_NICE from its
+*effective* capability set while it does (capabilities are per thread on Linux, and the threads it creates
+inherit the reduced set), so both requests fail with EPERM and SVT-AV1 falls back to normal threads on its own.
+The capability stays permitted and comes back afterwards. Anything that still slipped through (a process
+allowed real-time priority by its RLIMIT_RTPRIO instead of a capability, or a library that does the same
+another way) is put back: every thread that became real-time inside the block returns to the class and
+priority it had before (a new thread: the opening thread's). No library setting turns SVT-AV1's request off.
+
+:func:`reset_process_priority` is for processes we start (workers, the export child, Ray actors, the viewer):
+they begin at normal priority whatever their parent's state.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+REALTIME_POLICIES = frozenset({os.SCHED_FIFO, os.SCHED_RR})
+CAP_SYS_NICE = 23
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+@dataclass(frozen=True)
+class ThreadSchedule:
+    """One thread's scheduling class and static priority (0 for the normal classes)."""
+
+    tid: int
+    policy: int
+    priority: int
+
+    @property
+    def realtime(self) -> bool:
+        return self.policy in REALTIME_POLICIES
+
+
+def thread_schedule(tid: int) -> ThreadSchedule | None:
+    """The scheduling of one thread of this process (None: it ended meanwhile)."""
+    try:
+        return ThreadSchedule(tid, os.sched_getscheduler(tid), os.sched_getparam(tid).sched_priority)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def thread_schedules(pid: int | str = "self") -> dict[int, ThreadSchedule]:
+    """Every live thread of a process (this one by default), by thread id."""
+    out: dict[int, ThreadSchedule] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return out
+    for name in tids:
+        schedule = thread_schedule(int(name))
+        if schedule is not None:
+            out[schedule.tid] = schedule
+    return out
+
+
+def realtime_threads(pid: int | str = "self") -> list[ThreadSchedule]:
+    """The threads of a process that run in a real-time class (SCHED_FIFO or SCHED_RR)."""
+    return [s for s in thread_schedules(pid).values() if s.realtime]
+
+
+def _set_schedule(tid: int, policy: int, priority: int) -> bool:
+    try:
+        os.sched_setscheduler(tid, policy, os.sched_param(priority))
+        return True
+    except ProcessLookupError:  # the thread ended: nothing to put back
+        return False
+
+
+def _restore(before: dict[int, ThreadSchedule], default: ThreadSchedule) -> int:
+    """Put back every thread that is real-time now and was not before; returns how many were."""
+    restored = 0
+    for now in realtime_threads():
+        was = before.get(now.tid)
+        if was is not None and (was.policy, was.priority) == (now.policy, now.priority):
+            continue  # it was real-time before the block: not ours to change
+        target = was if was is not None else default
+        if _set_schedule(now.tid, target.policy, target.priority):
+            restored += 1
+    return restored
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _capabilities() -> tuple[ctypes.CDLL, _CapHeader, ctypes.Array[_CapData]] | None:
+    """This thread's capability sets (glibc's capget wrapper), or None where they cannot be read."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        header = _CapHeader(_CAPABILITY_VERSION_3, 0)
+        data = (_CapData * 2)()
+        if libc.capget(ctypes.byref(header), data) != 0:
+            return None
+    except (OSError, AttributeError):  # not Linux, or no capget in this C library
+        return None
+    return libc, header, data
+
+
+def _set_sys_nice(effective: bool) -> bool:
+    """Add or remove CAP_SYS_NICE in this thread's effective set; True if the set changed."""
+    caps = _capabilities()
+    if caps is None:
+        return False
+    libc, header, data = caps
+    bit = 1 << CAP_SYS_NICE
+    has = bool(data[0].effective & bit)
+    if has == effective or (effective and not data[0].permitted & bit):
+        return False
+    data[0].effective = (data[0].effective | bit) if effective else (data[0].effective & ~bit)
+    header.pid = 0
+    if libc.capset(ctypes.byref(header), data) != 0:
+        return False
+    return True
+
+
+_LOCAL = threading.local()
+
+
+@contextmanager
+def normal_priority() -> Iterator[None]:
+    """Run the block (opening a video encoder) so that no thread of this process ends up real-time by it."""
+    depth = getattr(_LOCAL, "depth", 0)
+    if depth:  # nested: the outer block drops and restores
+        _LOCAL.depth = depth + 1
+        try:
+            yield
+        finally:
+            _LOCAL.depth = depth
+        return
+    me = threading.get_native_id()
+    before = thread_schedules()
+    default = before.get(me) or ThreadSchedule(me, os.SCHED_OTHER, 0)
+    dropped = _set_sys_nice(effective=False)
+    _LOCAL.depth = 1
+    try:
+        yield
+    finally:
+        _LOCAL.depth = 0
+        if dropped:
+            _set_sys_nice(effective=True)
+        _restore(before, default)
+
+
+def reset_process_priority() -> int:
+    """Return every real-time thread of this process to SCHED_OTHER (priority 0); how many there were.
+
+    Called first thing by the processes demoforge starts, so they run at normal priority whatever started them."""
+    reset = 0
+    for schedule in realtime_threads():
+        if _set_schedule(schedule.tid, os.SCHED_OTHER, 0):
+            reset += 1
+    return reset

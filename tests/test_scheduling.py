@@ -1,0 +1,203 @@
+"""Recording never runs anything at real-time priority: SVT-AV1 asks for SCHED_FIFO 99 as root (the opening
+thread and every thread it creates), and a real-time encoder preempts the simulator and everything started
+after it. The witness test shows the hazard is real on this machine; the others fail without the fix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import anyio
+import numpy as np
+import psutil
+import pytest
+
+import toy_tasks
+from demoforge.stages.encode import CameraEncoder, encode_stage
+from demoforge.stages.executor import EpisodeRange, Executor
+from demoforge.stages.records import EncodedFrame, Frame
+from demoforge.stages.settings import VideoSettings
+from demoforge.storage.scheduling import normal_priority, realtime_threads, reset_process_priority
+from demoforge.storage.schema import CameraSpec
+from helpers import cli_env, demoforge_argv
+from test_stages import INFO, OPTIONS
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="real-time priority needs root (CI runs as root)")
+
+CAMERA = CameraSpec("front", 64, 64)
+REALTIME = (os.SCHED_FIFO, os.SCHED_RR)
+
+WITNESS = """
+import io, os, av, numpy as np
+c = av.open(io.BytesIO(), "w", format="mp4"); s = c.add_stream("libsvtav1", rate=30)
+s.width = s.height = 64; s.pix_fmt = "yuv420p"
+for p in s.encode(av.VideoFrame.from_ndarray(np.zeros((64, 64, 3), np.uint8), format="rgb24")): c.mux(p)
+fifo = [t for t in os.listdir("/proc/self/task") if os.sched_getscheduler(int(t)) == os.SCHED_FIFO]
+print(os.sched_getscheduler(0), os.sched_getparam(0).sched_priority, len(fifo))
+"""
+
+
+def process_tree_realtime(pid: int) -> list[str]:
+    """Every real-time thread of a process and its descendants, as 'pid/tid policy priority'."""
+    found: list[str] = []
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return found
+    for proc in procs:
+        found += [f"{proc.pid}/{t.tid} {t.policy} {t.priority}" for t in realtime_threads(proc.pid)]
+    return found
+
+
+def child_policy() -> int:
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        return os.sched_getscheduler(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_svt_av1_opened_by_pyav_alone_makes_threads_real_time_here() -> None:
+    """The hazard, in a separate process: without normal_priority the opening thread and SVT-AV1's threads are
+    SCHED_FIFO 99 (so the tests below can fail)."""
+    proc = subprocess.run([sys.executable, "-c", WITNESS], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SVT_LOG": "1"})
+    assert proc.returncode == 0, proc.stderr
+    policy, priority, fifo = map(int, proc.stdout.split())
+    assert (policy, priority) == (os.SCHED_FIFO, 99) and fifo > 1
+
+
+def test_an_av1_encoder_leaves_every_thread_and_later_children_at_normal_priority() -> None:
+    before = os.sched_getscheduler(0), os.sched_getparam(0).sched_priority
+    encoder = CameraEncoder(CAMERA, 30, VideoSettings())
+    for i in range(8):
+        encoder.encode(np.full((64, 64, 3), i * 20, np.uint8))
+    open_realtime = realtime_threads()
+    open_schedule = os.sched_getscheduler(0), os.sched_getparam(0).sched_priority
+    open_child = child_policy()
+    assert encoder.finish()
+    assert open_realtime == []
+    assert open_schedule == before
+    assert open_child == os.SCHED_OTHER
+
+
+@pytest.mark.anyio
+async def test_the_encode_stage_lanes_open_av1_at_normal_priority() -> None:
+    """The lanes (one thread per camera) open the encoders: none of their threads, nor a child started while
+    they are open, is real-time."""
+    options = {**OPTIONS, "size": 64}  # SVT-AV1 needs at least 64x64
+    env = toy_tasks.CameraPointEnv(options)
+    try:
+        records = list(Executor(env, task="toy-point").run(EpisodeRange(2)))
+    finally:
+        env.close()
+    cameras = toy_tasks.describe(options).cameras
+    in_send, in_recv = anyio.create_memory_object_stream[object](len(records))
+    for record in records:
+        in_send.send_nowait(record)
+    in_send.close()
+    out_send, out_recv = anyio.create_memory_object_stream[object](1)  # each record waits for this test
+    seen_realtime: list[object] = []
+    children: list[int] = []
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: encode_stage(in_recv, out_send, cameras=cameras,  # type: ignore[arg-type]
+                                               fps=INFO.fps, settings=VideoSettings()))
+            async with out_recv:
+                async for record in out_recv:
+                    if isinstance(record, EncodedFrame):  # a lane's encoder is open now
+                        seen_realtime.extend(realtime_threads())
+                        children.append(child_policy())
+    assert len(children) == sum(isinstance(r, Frame) for r in records)
+    assert seen_realtime == []
+    assert set(children) == {os.SCHED_OTHER}
+
+
+def test_threads_made_real_time_by_other_means_inside_the_block_are_put_back() -> None:
+    """A thread that became real-time without a capability (another library, an RTPRIO limit) is restored."""
+    started = threading.Event()
+    stop = threading.Event()
+    tids: list[int] = []
+
+    def worker() -> None:
+        tids.append(threading.get_native_id())
+        started.set()
+        stop.wait()
+
+    with normal_priority():
+        thread = threading.Thread(target=worker)
+        thread.start()
+        started.wait()
+        # Another process makes the thread real-time (as an RTPRIO limit or another library could).
+        subprocess.run(["chrt", "-f", "-p", "10", str(tids[0])], check=True)
+        assert os.sched_getscheduler(tids[0]) == os.SCHED_FIFO
+    try:
+        assert os.sched_getscheduler(tids[0]) == os.SCHED_OTHER
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_reset_process_priority_returns_a_real_time_process_to_normal() -> None:
+    code = ("import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10)); "
+            "from demoforge.storage.scheduling import reset_process_priority; n = reset_process_priority(); "
+            "print(n, os.sched_getscheduler(0))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", str(os.SCHED_OTHER)]
+    assert reset_process_priority() == 0  # the test process itself was never real-time
+
+
+def watch(proc: subprocess.Popen[str]) -> tuple[list[str], int]:
+    """Sample the job's process tree until it exits: real-time threads seen, most threads seen at once."""
+    realtime: list[str] = []
+    most = 0
+    while proc.poll() is None:
+        realtime += process_tree_realtime(proc.pid)
+        try:
+            most = max(most, sum(p.num_threads() for p in [psutil.Process(proc.pid),
+                                                            *psutil.Process(proc.pid).children(recursive=True)]))
+        except psutil.NoSuchProcess:
+            pass
+    return realtime, most
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_an_av1_job_runs_no_thread_of_any_process_at_real_time(tmp_path: Path, executor: str) -> None:
+    argv = demoforge_argv("generate", "--task", "toy-point", "--episodes", "4", "--store", str(tmp_path / "s"),
+                          "--option", "size=64", "--executor", executor, "--workers", "1")
+    # Encoding slowed a little, so the job's encoders are open for a while the test samples.
+    proc = subprocess.Popen(argv, env=cli_env(DEMOFORGE_STAGE_DELAY="encode:0.02"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    realtime, most = watch(proc)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "4/4 episodes committed" in out
+    assert most > 20, "the sampling should have seen SVT-AV1's encoder threads alive"
+    assert realtime == []
+
+
+@pytest.mark.slow
+def test_a_demoforge_process_started_at_real_time_runs_at_normal_priority(tmp_path: Path) -> None:
+    """Whatever its parent's state: the viewer started under `chrt -f 10` serves at normal priority."""
+    store = tmp_path / "s"
+    made = subprocess.run(demoforge_argv("generate", "--task", "toy-point", "--episodes", "1", "--store",
+                                         str(store), "--option", "size=64", "--codec", "h264"),
+                          env=cli_env(), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert made.returncode == 0, made.stderr
+    proc = subprocess.Popen(["chrt", "-f", "10", *demoforge_argv("view", str(store), "--port", "0")],
+                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the server says where it serves once it is up
+        assert "http://" in line, line
+        assert process_tree_realtime(proc.pid) == []
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
