@@ -247,3 +247,45 @@ def test_other_cameras_and_depth_are_options() -> None:
         depth = recorded.images[name]
         assert depth.dtype == np.float32 and np.isfinite(depth).all() and 0.05 < float(depth.min()) < 3.0
     assert not np.array_equal(recorded.images["corner2"], recorded.images["topview"])
+
+
+@pytest.mark.slow
+def test_full_state_records_the_whole_observation_camera_less_for_state_based_policies(tmp_path) -> None:
+    """`full_state=true camera=none`: the env's 39-d observation as observation.environment_state beside the
+    4-d agent position, nothing rendered; the export loads with LeRobot and its rows are the env's own."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    store, dataset = tmp_path / "s", tmp_path / "d"
+    done = run_cli("generate", "--task", "metaworld-reach-v3", "--episodes", "2", "--option", "camera=none",
+                   "--option", "full_state=true", "--store", str(store), "--export", str(dataset))
+    assert done.returncode == 0, done.stderr
+    ds = LeRobotDataset("demoforge/reach", root=dataset)
+    assert ds.meta.camera_keys == []
+    assert ds.meta.features[mw.ENV_STATE_KEY]["shape"] == (39,)
+    first = ds.hf_dataset.filter(lambda row: row["episode_index"] == 0)
+    env_state = np.stack([np.asarray(v) for v in first[mw.ENV_STATE_KEY]])
+    agent = np.stack([np.asarray(v) for v in first["observation.state"]])
+    assert env_state.shape == (len(first), 39)
+    np.testing.assert_array_equal(env_state[:, :4], agent)  # the agent position is the observation's head
+    # Frame 0 is the observation reset gives for the committed episode 0's seed, as the env computes it.
+    from demoforge.storage.catalog import Catalog
+
+    catalog = Catalog(store)
+    try:
+        seed = next(r.seed for r in catalog.committed() if r.episode_index == 0)
+    finally:
+        catalog.close()
+    entry = get_task("metaworld-reach-v3")
+    env = entry.build(entry.resolve_options({"camera": "none", "full_state": True}))
+    try:
+        observation, _ = env.reset(seed=seed)
+    finally:
+        env.close()
+    np.testing.assert_array_equal(env_state[0], np.asarray(observation, np.float32))
+
+
+def test_full_state_adds_the_feature_only_when_asked() -> None:
+    entry = get_task("metaworld-push-v3")
+    assert set(entry.info(entry.resolve_options({})).state_shapes) == {"observation.state"}
+    assert entry.info(entry.resolve_options({"full_state": True})).state_shapes == {
+        "observation.state": (4,), mw.ENV_STATE_KEY: (39,)}

@@ -56,9 +56,11 @@ CAMERAS = ("corner2", "corner", "corner3", "topview", "behindGripper", "gripperP
 LEROBOT_CAMERA = "corner2"  # the camera LeRobot's env renders (and flips on both axes)
 IMAGE_KEY = "observation.image"  # the one image LeRobot's Meta-World env gives a policy
 STATE_KEY = "observation.state"
+ENV_STATE_KEY = "observation.environment_state"  # LeRobot's name for a full environment state
+ENV_STATE_DIM = 39  # Meta-World v3's observation: hand, gripper, two objects, previous frame's, goal
 MAX_STEPS = 500  # the env's own max_path_length, the episode length LeRobot evaluates with
 DEFAULTS: Mapping[str, Any] = {"camera": LEROBOT_CAMERA, "image_size": 480, "shadows": True, "depth": False,
-                               "max_steps": MAX_STEPS}
+                               "max_steps": MAX_STEPS, "full_state": False}
 IMAGE_SIZE_RANGE = (32, 1024)
 # Meta-World's MT10 (metaworld.env_dict.MT10_V3, in its order; a test checks it against the installed package).
 MT10 = ("reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
@@ -150,12 +152,21 @@ def camera_specs(options: Mapping[str, Any]) -> tuple[CameraSpec, ...]:
     return tuple(rgb) + (tuple(depth_camera(c) for c in rgb) if options["depth"] else ())
 
 
+def state_shapes(options: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The 4-d agent position LeRobot's env gives a policy; with ``full_state``, also the env's whole 39-d
+    observation as ``observation.environment_state`` (what a state-based policy needs)."""
+    shapes: dict[str, tuple[int, ...]] = {STATE_KEY: (4,)}
+    if options["full_state"]:
+        shapes[ENV_STATE_KEY] = (ENV_STATE_DIM,)
+    return shapes
+
+
 def _describe(env: str, options: Mapping[str, Any]) -> TaskInfo:
     return TaskInfo(
         name=PREFIX + env,
         description=f"Meta-World {env}: {description(env)} (metaworld {SUPPORTED_METAWORLD}'s scripted expert, "
                     "segmented at its phase changes; as LeRobot's Meta-World env renders it)",
-        instruction=description(env), fps=FPS, action_shape=(4,), state_shapes={STATE_KEY: (4,)},
+        instruction=description(env), fps=FPS, action_shape=(4,), state_shapes=state_shapes(options),
         cameras=camera_specs(options), segment_names=PHASES[env].names(), options=dict(options),
         action_names=("dx", "dy", "dz", "gripper"), robot_type="sawyer")
 
@@ -168,7 +179,7 @@ def _describe_suite(suite: str, options: Mapping[str, Any]) -> TaskInfo:
         description=f"Meta-World suite {suite}: {len(members)} tasks ({', '.join(members[:3])}, ...), N episodes "
                     "of each in one store, each task with its own expert and LeRobot's description as its task",
         instruction="; ".join(description(env) for env in members[:1]) + " (one per member task)", fps=FPS,
-        action_shape=(4,), state_shapes={STATE_KEY: (4,)}, cameras=camera_specs(options), segment_names=names,
+        action_shape=(4,), state_shapes=state_shapes(options), cameras=camera_specs(options), segment_names=names,
         options=dict(options), action_names=("dx", "dy", "dz", "gripper"), robot_type="sawyer",
         suite=tuple(PREFIX + env for env in members))
 
@@ -256,6 +267,7 @@ class MetaWorldTask(gym.Wrapper):
         self._cameras = cameras
         self._depth = DepthCamera(sawyer.model, size, size) if options["depth"] else None
         self._last: Any = None
+        self._full_state = bool(options["full_state"])
 
     @property
     def _sawyer(self) -> Any:
@@ -289,6 +301,8 @@ class MetaWorldTask(gym.Wrapper):
 
     def demo_record(self, observation: Any) -> RecordedObservation:
         state = {STATE_KEY: np.asarray(observation[:4], dtype=np.float32)}
+        if self._full_state:
+            state[ENV_STATE_KEY] = np.asarray(observation, dtype=np.float32)
         images: dict[str, np.ndarray] = {}
         renderer = self._sawyer.mujoco_renderer if self._cameras else None
         rgb_specs = [s for s in self._specs if not s.is_depth]
