@@ -25,8 +25,8 @@ from demoforge.pipeline.replay import (
 )
 from demoforge.storage.episode_source import EpisodeRef, EpisodeSource, EpisodeSourceError, open_episode_source
 from demoforge.storage.episode_spec import EpisodeSpecError, parse_episode_ranges
-from demoforge.storage.scheduling import reset_process_priority
 from demoforge.storage.provenance import library_versions
+from demoforge.storage.scheduling import reset_process_priority
 
 EXIT_REPRODUCED, EXIT_DIVERGED, EXIT_CANNOT_RUN = 0, 1, 2
 SAMPLE_SALT = b"demoforge-replay-sample"

@@ -29,9 +29,9 @@ from demoforge.stages.records import AttemptEnded, CameraTail, EncodedFrame, Fra
 from demoforge.stages.settings import VideoSettings
 from demoforge.storage import depth as depth_video
 from demoforge.storage.sampled_frames import SampledFrames
-from demoforge.storage.video import open_encoder
 from demoforge.storage.schema import CameraSpec
 from demoforge.storage.schema import DepthVideoIdentity
+from demoforge.storage.video import open_encoder
 
 #: Records the encode stage takes in ahead of what it sent on: how far one camera may run ahead of another.
 DEFAULT_LOOKAHEAD = 16

@@ -23,6 +23,7 @@ they begin at normal priority whatever their parent's state.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 REALTIME_POLICIES = frozenset({os.SCHED_FIFO, os.SCHED_RR})
+NORMAL = (os.SCHED_OTHER, 0)
 CAP_SYS_NICE = 23
 _CAPABILITY_VERSION_3 = 0x20080522
 
@@ -82,15 +84,14 @@ def _set_schedule(tid: int, policy: int, priority: int) -> bool:
         return False
 
 
-def _restore(before: dict[int, ThreadSchedule], default: ThreadSchedule) -> int:
-    """Put back every thread that is real-time now and was not before; returns how many were."""
+def _restore(before: dict[int, ThreadSchedule], default: tuple[int, int]) -> int:
+    """Put every thread that is real-time now, and was not so before, back to its schedule before (a thread not
+    in ``before``: ``default``, a (policy, priority) pair); returns how many were put back."""
     restored = 0
     for now in realtime_threads():
         was = before.get(now.tid)
-        if was is not None and (was.policy, was.priority) == (now.policy, now.priority):
-            continue  # it was real-time before the block: not ours to change
-        target = was if was is not None else default
-        if _set_schedule(now.tid, target.policy, target.priority):
+        target = (was.policy, was.priority) if was is not None else default
+        if target != (now.policy, now.priority) and _set_schedule(now.tid, *target):
             restored += 1
     return restored
 
@@ -104,10 +105,15 @@ class _CapData(ctypes.Structure):
                 ("inheritable", ctypes.c_uint32)]
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _capabilities() -> tuple[ctypes.CDLL, _CapHeader, ctypes.Array[_CapData]] | None:
     """This thread's capability sets (glibc's capget wrapper), or None where they cannot be read."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = _libc()
         header = _CapHeader(_CAPABILITY_VERSION_3, 0)
         data = (_CapData * 2)()
         if libc.capget(ctypes.byref(header), data) != 0:
@@ -128,46 +134,28 @@ def _set_sys_nice(effective: bool) -> bool:
     if has == effective or (effective and not data[0].permitted & bit):
         return False
     data[0].effective = (data[0].effective | bit) if effective else (data[0].effective & ~bit)
-    header.pid = 0
-    if libc.capset(ctypes.byref(header), data) != 0:
-        return False
-    return True
-
-
-_LOCAL = threading.local()
+    return libc.capset(ctypes.byref(header), data) == 0
 
 
 @contextmanager
 def normal_priority() -> Iterator[None]:
-    """Run the block (opening a video encoder) so that no thread of this process ends up real-time by it."""
-    depth = getattr(_LOCAL, "depth", 0)
-    if depth:  # nested: the outer block drops and restores
-        _LOCAL.depth = depth + 1
-        try:
-            yield
-        finally:
-            _LOCAL.depth = depth
-        return
-    me = threading.get_native_id()
+    """Run the block (opening a video encoder) so that no thread of this process ends up real-time by it.
+
+    Nested blocks need nothing of their own: the inner one finds the capability already dropped and leaves it to
+    the outer one to give back."""
     before = thread_schedules()
-    default = before.get(me) or ThreadSchedule(me, os.SCHED_OTHER, 0)
+    me = before.get(threading.get_native_id())
     dropped = _set_sys_nice(effective=False)
-    _LOCAL.depth = 1
     try:
         yield
     finally:
-        _LOCAL.depth = 0
         if dropped:
             _set_sys_nice(effective=True)
-        _restore(before, default)
+        _restore(before, (me.policy, me.priority) if me is not None else NORMAL)
 
 
 def reset_process_priority() -> int:
     """Return every real-time thread of this process to SCHED_OTHER (priority 0); how many there were.
 
     Called first thing by the processes demoforge starts, so they run at normal priority whatever started them."""
-    reset = 0
-    for schedule in realtime_threads():
-        if _set_schedule(schedule.tid, os.SCHED_OTHER, 0):
-            reset += 1
-    return reset
+    return _restore({}, NORMAL)

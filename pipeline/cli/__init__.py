@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from demoforge.pipeline.cli import daemon, edit, export, generate, replay, store, tasks, view
 from demoforge.pipeline.cli.common import EXIT_FAIL, EXIT_USAGE, HelpFormatter, make_console
 from demoforge.pipeline.environment import prepare_process
-from demoforge.storage.scheduling import reset_process_priority
 from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, describe_write_failure
 from demoforge.pipeline.job import JobConfigError
 from demoforge.pipeline.tasks.registry import TaskDefinitionError, TaskOptionError, UnknownTaskError
 from demoforge.pipeline.workers.config import ExecutorError, WorkersLostError
 from demoforge.stages.malloc import limit_malloc_arenas, make_uninitialized_reads_deterministic
 from demoforge.storage.errors import StoreError
+from demoforge.storage.scheduling import reset_process_priority
 from demoforge.storage.write_errors import is_write_error
 
 # Imported where used: the error types of the modules `demoforge --help` need not load (see _known_errors).
