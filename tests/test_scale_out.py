@@ -111,10 +111,13 @@ class Generate:
         return self.proc.returncode, out, "".join(self.lines)
 
 
-def wait_mid_episode(store: Path, worker: int | None = None, timeout: float = 120) -> None:
+def wait_mid_episode(store: Path, worker: int | None = None, timeout: float = 120,
+                     job: subprocess.Popen[str] | None = None) -> bool:
     """Until an episode is committed and an attempt (of ``worker``, if given) is in the middle of its episode:
     a staging row opened less than 0.4 s ago. (An older one may belong to an attempt that has ended and waits
-    for its commit; toy episodes take at least 1.2 s, and a row opens with the attempt's first piece.)"""
+    for its commit; toy episodes take at least 1.2 s, and a row opens with the attempt's first piece.)
+    True at that moment; False if ``job`` ended first (a short job on a loaded machine can finish between two
+    looks); a job still running without such a moment is an error."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (store / "catalog.sqlite").exists():
@@ -128,7 +131,9 @@ def wait_mid_episode(store: Path, worker: int | None = None, timeout: float = 12
             finally:
                 db.close()
             if committed and (staging if worker is None else worker in staging):
-                return
+                return True
+        if job is not None and job.poll() is not None:
+            return False
         time.sleep(0.02)
     raise AssertionError("no attempt in flight within the timeout")
 
@@ -195,12 +200,17 @@ def test_process_and_ray_executors_commit_what_a_thread_run_commits(tmp_path, ra
 # ------------------------------------------------------------------------------------------ kills
 @pytest.mark.parametrize("kind", ["process", "ray"])
 def test_a_killed_worker_loses_nothing_and_its_attempt_is_rerun(tmp_path, ray_cluster, toy_clean, kind):
-    store = tmp_path / "store"
-    run = Generate(*TOY_ARGS, "--store", str(store), *executor_args(kind, ray_cluster),
-                   DEMOFORGE_STAGE_DELAY=SLOW_COMMIT, **machine_with_token(tmp_path))
-    victim = run.worker_pids(2)[0]  # worker 0 is the first to report ready, or worker 1: read its slot
-    slot = slot_of(run.lines, victim)
-    wait_mid_episode(store, worker=slot)
+    for run_number in range(3):  # a fresh job when this one ended before the victim was seen mid-episode
+        store = tmp_path / f"store-{run_number}"
+        run = Generate(*TOY_ARGS, "--store", str(store), *executor_args(kind, ray_cluster),
+                       DEMOFORGE_STAGE_DELAY=SLOW_COMMIT, **machine_with_token(tmp_path))
+        victim = run.worker_pids(2)[0]  # worker 0 is the first to report ready, or worker 1: read its slot
+        slot = slot_of(run.lines, victim)
+        if wait_mid_episode(store, worker=slot, job=run.proc):
+            break
+        assert run.finish()[0] == 0, "".join(run.lines)
+    else:
+        raise AssertionError("three jobs ended before their victim worker was seen mid-episode")
     os.kill(victim, signal.SIGKILL)
     code, out, err = run.finish()
     assert code == 0, err
@@ -220,7 +230,7 @@ def test_a_killed_driver_takes_its_workers_along_and_resumes(tmp_path, ray_clust
     args = (*TOY_ARGS, "--store", str(store), *executor_args(kind, ray_cluster))
     run = Generate(*args, **machine_with_token(tmp_path))
     workers = run.worker_pids(2)
-    wait_mid_episode(store)
+    assert wait_mid_episode(store, job=run.proc), "the job ended before an attempt was seen mid-episode"
     run.proc.send_signal(signal.SIGKILL)
     run.finish(timeout=30)
     assert gone(workers, timeout=30), f"{kind} workers outlived their driver"
@@ -259,7 +269,8 @@ def test_a_lost_node_leaves_the_job_to_the_workers_left(tmp_path, ray_cluster, r
     pids = run.worker_pids(2)
     (victim,) = set(pids) & set(ray_nodes.pids())  # the actor on the node besides the head
     slot = slot_of(run.lines, victim)
-    wait_mid_episode(store, worker=slot)
+    assert wait_mid_episode(store, worker=slot, job=run.proc), \
+        "the job ended before its victim was seen mid-episode"
     ray_nodes.remove_node()
     lost_at = time.monotonic()
     code, out, err = run.finish()
