@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from demoforge.pipeline.tasks.registry import TaskInfo, get_task
+from demoforge.stages.control import ControlError, ControlSpec, check_control, control_features
 from demoforge.stages.records import EpisodeLayout
 # The job's settings that the stages read; a job is built with them (``JobSpec(..., video=VideoSettings())``).
 from demoforge.stages.settings import DEFAULT_MAX_CONSECUTIVE_ABANDONED, JobConfigError, VideoSettings
@@ -33,6 +34,7 @@ class JobSpec:
     step_timeout_s: float | None = 60.0  # an env call that takes longer aborts the attempt (not in the fingerprint)
     # stop when this many episodes in a row were abandoned (0: never); not in the fingerprint
     max_consecutive_abandoned: int = DEFAULT_MAX_CONSECUTIVE_ABANDONED
+    control: ControlSpec | None = None  # noise, a driving policy, beta, takeover (stages/control.py)
 
     def __post_init__(self) -> None:
         checks = {"episodes": (self.episodes, 0, 10_000_000), "max_attempts": (self.max_attempts, 1, 1000),
@@ -49,6 +51,22 @@ class JobSpec:
 
     def task_info(self) -> TaskInfo:
         return get_task(self.task).info(self.task_options)
+
+    def check_control(self, info: TaskInfo) -> None:
+        """Refuse a control that cannot apply to this task, before anything is written: bad values, and any
+        control of a task whose expert cannot label states it did not choose (its labels would be wrong)."""
+        if self.control is None:
+            return
+        try:
+            check_control(self.control, tuple(info.action_shape))
+        except ControlError as exc:
+            raise JobConfigError(str(exc)) from None
+        if not info.labels_any_state:
+            what = "--driver" if self.control.driver else "--noise"
+            raise JobConfigError(f"{what}: task {info.name!r}'s expert cannot label states it did not choose (it "
+                                 "plans ahead instead of reacting to each observation), so its labels of noisy or "
+                                 "policy-driven states would be wrong; `demoforge tasks NAME` says whether a "
+                                 "task's expert labels any state (Meta-World's do)")
 
     def layout(self, info: TaskInfo) -> EpisodeLayout:
         """How the job's episode indices divide among its tasks (a suite's members), checked against ``episodes``."""
@@ -72,6 +90,8 @@ class JobSpec:
             depth = lerobot_depth_identity()
         return Fingerprint(schema_version=SCHEMA_VERSION, task=self.task, task_options=dict(info.options),
                            fps=info.fps, cameras=tuple(info.cameras),
-                           state_shapes={k: tuple(v) for k, v in info.state_shapes.items()},
+                           state_shapes={**{k: tuple(v) for k, v in info.state_shapes.items()},
+                                         **control_features(self.control, tuple(info.action_shape))},
                            action_shape=tuple(info.action_shape), video=self.video.identity(), seed=self.seed,
-                           chunk_frames=self.chunk_frames, depth_video=depth)
+                           chunk_frames=self.chunk_frames, depth_video=depth,
+                           control=self.control.to_json() if self.control is not None else None)

@@ -5,7 +5,8 @@ recorded actions. The task's plan is advanced alongside through the executor's o
 (stages/segment_cursor.py: segments planned at the same steps, their action generators consumed in lockstep,
 validators run at segment ends),
 because planning may change the env (fetch-pick-place draws each cycle's goal from the env's seeded
-generator when the cycle is planned); the actions stepped are always the recorded ones. Compared, within
+generator when the cycle is planned); the actions stepped are always the recorded ones (a controlled job's
+executed actions, stages/control.py; its labels are what the expert is checked against). Compared, within
 tolerances: every state feature recorded before each action, each reward, the terminated/truncated flags,
 the final success check, and with ``images`` every camera frame against the stored video: RGB by PSNR (the
 codec is lossy), depth exactly (the re-rendered metres quantized as stored must give the stored 12-bit codes,
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from demoforge.stages.contract import StepView, as_bool_verdict, check_action, find_task_method
+from demoforge.stages.control import EXECUTED_ACTION, INTERVENTION
 from demoforge.stages.segment_cursor import END, SegmentCursor
 from demoforge.storage.episode_source import EpisodeRef, EpisodeSource, RecordedEpisode
 from demoforge.storage.provenance import library_versions, version_differences
@@ -35,6 +37,7 @@ from demoforge.storage.schema import ANNOTATION_KEYS, DepthVideoIdentity
 
 REPRODUCED, DIVERGED, ERROR = "reproduced", "diverged", "error"
 COL = {key: i for i, key in enumerate(ANNOTATION_KEYS)}
+CONTROL_FEATURES = (EXECUTED_ACTION, INTERVENTION)
 
 
 @dataclass(frozen=True)
@@ -281,7 +284,9 @@ class EpisodeReplay:
     # -- per-frame checks
     def _observe(self, frame: int, recorder: Callable[[Any], Any], observation: Any) -> None:
         rec = recorder(observation)
-        stored = self.ep.state
+        # What a controlled job recorded beside the observation (the executed action, the takeover flag) is
+        # no observation: it is what replay steps, not what it compares.
+        stored = {k: v for k, v in self.ep.state.items() if k not in CONTROL_FEATURES}
         replayed_state = {k: np.asarray(v) for k, v in rec.state.items()}
         if set(replayed_state) != set(stored):
             self.obs_miss.setdefault(frame, _Miss("observation", "state", None, None, None, None,
@@ -395,7 +400,8 @@ class EpisodeReplay:
         success_miss: _Miss | None = None
         segment_col, end_col = COL["segment_id"], COL["segment_end"]
         for t in range(self.n):
-            action = check_action(self.ep.action[t], env.action_space)
+            executed = self.ep.state.get(EXECUTED_ACTION)
+            action = check_action(self.ep.action[t] if executed is None else executed[t], env.action_space)
             plan.note_action(t, np.asarray(self.ep.action[t], dtype=np.float32))
             try:
                 observation, reward, terminated, truncated, info = env.step(action)

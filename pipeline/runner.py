@@ -119,6 +119,14 @@ class JobRunner:
         self.store_dir = Path(store_dir)
         self.entry = get_task(spec.task)
         self.info = self.entry.info(spec.task_options)
+        spec.check_control(self.info)  # before any worker or store: a control that cannot apply is refused
+        self.make_policy = None
+        if spec.control is not None and spec.control.driver is not None:
+            from demoforge.pipeline.policies import check_driver, policy_factory
+
+            self.make_policy = policy_factory(spec.control.driver, self.info)
+            if self.executor.remote:
+                check_driver(spec.control.driver, self.info)  # workers load it again; a bad one fails here first
         self.layout = spec.layout(self.info)
         self.target = spec.target(self.info)
         self.on_progress = on_progress
@@ -224,7 +232,8 @@ class JobRunner:
                     async with assign_recv, step_send:
                         step = StepSettings(task=spec.task, job_seed=spec.seed, max_attempts=spec.max_attempts,
                                             num_envs=spec.num_envs, cameras=info.cameras,
-                                            step_timeout_s=spec.step_timeout_s, send_batch=max(1, q // 4))
+                                            step_timeout_s=spec.step_timeout_s, send_batch=max(1, q // 4),
+                                            control=spec.control, make_policy=self.make_policy)
                         make_env = functools.partial(self.entry.build, spec.task_options)
                         for worker in range(spec.workers):
                             tg.start_soon(step_stage, worker, make_env, step, assign_recv.clone(), step_send.clone(),

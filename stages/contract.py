@@ -41,7 +41,8 @@ LEGACY_SEGMENT_NAME = "legacy"
 
 
 class TerminalReason(enum.StrEnum):
-    """Why an attempt ended. Only ``SUCCESS`` attempts are committed."""
+    """Why an attempt ended. Only ``SUCCESS`` attempts are committed, except that a policy-driven attempt's
+    failure by the env (``FAILURE``, ``TRUNCATED``) is kept too (:data:`KEPT_POLICY_FAILURES`)."""
 
     SUCCESS = "success"
     FAILURE = "failure"  # the env terminated and the success check said no
@@ -56,6 +57,10 @@ class TerminalReason(enum.StrEnum):
 
 #: Reasons that do not count against an episode's attempts (the attempt was stopped from outside).
 NOT_COUNTED = frozenset({TerminalReason.INTERRUPTED})
+# A policy's rollout that the env ended without success is data too: its states are where the policy goes
+# wrong, and every label is still the expert's (stages/control.py). Its last frame carries the flag that ended it.
+KEPT_POLICY_FAILURES = frozenset({TerminalReason.FAILURE, TerminalReason.TRUNCATED})
+POLICY_DRIVER = "policy"
 
 
 # --------------------------------------------------------------------------------------------- errors
@@ -230,10 +235,16 @@ class EpisodeResult:
     error: str | None = None
     error_type: str | None = None
     duration_s: float = 0.0
+    driver: str | None = None  # who drove (stages/control.py), None: the expert, with nothing else recorded
+    interventions: int = 0  # the expert's takeovers of a policy
+
+    @property
+    def succeeded(self) -> bool:
+        return self.completed and self.success and self.terminal_reason is TerminalReason.SUCCESS
 
     @property
     def committable(self) -> bool:
-        return self.completed and self.success and self.terminal_reason is TerminalReason.SUCCESS
+        return self.succeeded or (self.driver == POLICY_DRIVER and self.terminal_reason in KEPT_POLICY_FAILURES)
 
     @property
     def counts_as_attempt(self) -> bool:
@@ -242,7 +253,7 @@ class EpisodeResult:
     @property
     def failure_reason(self) -> str | None:
         """A short human reason: the error, a failed segment's reason, or the terminal reason."""
-        if self.committable:
+        if self.succeeded:
             return None
         if self.error:
             return self.error
@@ -260,7 +271,9 @@ class EpisodeResult:
                 "failure_reason": self.failure_reason, "instruction": self.instruction,
                 "error": self.error, "error_type": self.error_type,
                 "timings": {"duration_s": self.duration_s},
-                "segments": [s.to_record() for s in self.segments]}
+                "segments": [s.to_record() for s in self.segments],
+                # Only for controlled jobs: an expert-only record is unchanged.
+                **({"driver": self.driver, "interventions": self.interventions} if self.driver else {})}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> EpisodeResult:
@@ -277,7 +290,8 @@ class EpisodeResult:
                    segments=tuple(SegmentResult.from_record(s) for s in record["segments"]),
                    instruction=record.get("instruction"), error=record.get("error"),
                    error_type=record.get("error_type"),
-                   duration_s=float((record.get("timings") or {}).get("duration_s", 0.0)))
+                   duration_s=float((record.get("timings") or {}).get("duration_s", 0.0)),
+                   driver=record.get("driver"), interventions=int(record.get("interventions") or 0))
 
 
 # ----------------------------------------------------------------------------------- task resolution

@@ -36,6 +36,7 @@ from demoforge.stages.contract import (
     default_hold_action,
     find_task_method,
 )
+from demoforge.stages.control import EXECUTED_ACTION, INTERVENTION, AttemptControl, ControlSpec, Policy
 from demoforge.stages.records import (
     PENDING,
     AttemptEnded,
@@ -157,8 +158,13 @@ class _Attempt:
     """One attempt's cursor: the plan, the current segment's actions, the counters and the results."""
 
     def __init__(self, task: str, env: Any, key: AttemptKey, seed: int, row: int,
-                 action_space: gym.Space, shapes: _Shapes, cameras: Mapping[str, CameraSpec] | None = None) -> None:
+                 action_space: gym.Space, shapes: _Shapes, cameras: Mapping[str, CameraSpec] | None = None,
+                 control: ControlSpec | None = None) -> None:
         self.task, self.env, self.key, self.seed, self.row = task, env, key, seed, row
+        self.control_spec = control
+        self.control: AttemptControl | None = None  # built at begin(), after the reset
+        self.executed: np.ndarray | None = None  # what the next step executes (the label unless controlled)
+        self.intervened = False
         self.action_space = action_space
         self.shapes = shapes
         self.cameras = cameras
@@ -201,8 +207,10 @@ class _Attempt:
         self.recorded = _check_recorded(rec, self.shapes, self.cameras)
 
     # -- planning
-    def begin(self, observation: Any) -> None:
+    def begin(self, observation: Any, policy: Policy | None = None) -> None:
         """Called after reset: record the first observation and fetch the first segment and action."""
+        if self.control_spec is not None:
+            self.control = AttemptControl(self.control_spec, self.seed, self.action_space, policy)
         instruction_fn = find_task_method(self.env, "demo_instruction")
         self.instruction = str(instruction_fn()) if instruction_fn else None
         self.observe(observation)
@@ -220,6 +228,17 @@ class _Attempt:
             return False
         self.action = check_action(raw, self.action_space)
         return True
+
+    def choose(self) -> np.ndarray:
+        """What the next step executes: the expert's action, or what the attempt's control makes of it."""
+        assert self.action is not None
+        if self.control is None:
+            self.executed = self.action
+        else:
+            assert self.recorded is not None and self.segment is not None
+            self.executed, self.intervened = self.control.choose(self.action, self.recorded, self.segment_id,
+                                                                 self.segment.name)
+        return self.executed
 
     def _close_segment(self, success: bool, reason: str | None) -> None:
         seg = self.segment
@@ -241,6 +260,10 @@ class _Attempt:
         """Account one env step: builds its frame (with every flag known) and advances the plan."""
         assert self.action is not None and self.recorded is not None and self.segment is not None
         action, recorded = self.action, self.recorded
+        state = recorded.state
+        if self.control is not None:
+            state = {**state, EXECUTED_ACTION: np.asarray(self.executed, dtype=np.float32),
+                     INTERVENTION: np.array([float(self.intervened)], dtype=np.float32)}
         episode_step, segment_step = self.step, self.segment_step
         self.step += 1
         self.segment_step += 1
@@ -250,7 +273,7 @@ class _Attempt:
         if self.result is None:
             self.observe(observation)
         return Frame(
-            key=self.key, step=episode_step, state=recorded.state, action=action, reward=float(reward),
+            key=self.key, step=episode_step, state=state, action=action, reward=float(reward),
             annotations=Annotations(
                 episode_step=episode_step, segment_id=segment_id, segment_step=segment_step,
                 segment_start=segment_step == 0, segment_end=seg_end, terminated=ep_terminated,
@@ -302,7 +325,9 @@ class _Attempt:
             truncated=truncated, terminal_reason=reason, segments=tuple(self.segments),
             instruction=self.instruction, error=str(error) if error else None,
             error_type=type(error).__name__ if error else None,
-            duration_s=time.perf_counter() - self.started)
+            duration_s=time.perf_counter() - self.started,
+            driver=self.control_spec.describe() if self.control_spec is not None else None,
+            interventions=self.control.interventions if self.control is not None else 0)
 
     def fail(self, error: DemoError) -> None:
         error.locate(**self.where())
@@ -449,12 +474,14 @@ class Executor:
 
     ``interrupt`` is polled before every env step; when it returns True every active attempt ends as
     ``interrupted`` and :meth:`run` returns. ``cameras``, the task's declared cameras, says which images are
-    depth (checked as float metres); without it every image must be RGB.
+    depth (checked as float metres); without it every image must be RGB. ``control`` says who drives
+    (stages/control.py); a driven job's ``make_policy`` builds one policy per row (policies keep state).
     """
 
     def __init__(self, env: gym.Env | gym.vector.VectorEnv, *, task: str, job_seed: int = 0,
                  max_attempts: int = 3, interrupt: Callable[[], bool] | None = None, worker: int = 0,
-                 cameras: tuple[CameraSpec, ...] | None = None) -> None:
+                 cameras: tuple[CameraSpec, ...] | None = None, control: ControlSpec | None = None,
+                 make_policy: Callable[[], Policy] | None = None) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self.rows = _Rows(env)
@@ -466,6 +493,19 @@ class Executor:
         self._shapes = _Shapes()
         self._cameras = {c.name: c for c in cameras} if cameras is not None else None
         self._holds: list[np.ndarray | None] = [None] * self.rows.n
+        if control is not None and control.driver is not None and make_policy is None:
+            raise ValueError("a driven job needs make_policy")
+        self.control = control
+        self._make_policy = make_policy
+        self._policies: list[Policy | None] = [None] * self.rows.n  # one per row: policies keep state
+
+    def _policy(self, row: int) -> Policy | None:
+        if self._make_policy is None or self.control is None or self.control.driver is None:
+            return None
+        policy = self._policies[row]
+        if policy is None:
+            policy = self._policies[row] = self._make_policy()
+        return policy
 
     def _hold_action(self, row: int) -> np.ndarray:
         hold = find_task_method(self.rows.row_envs[row], "demo_hold_action")
@@ -483,7 +523,7 @@ class Executor:
         key = AttemptKey(slot.assignment.episode_index, attempt)
         seed = derive_seed(self.job_seed, key.episode_index, attempt)
         att = _Attempt(self.task, self.rows.row_envs[row], key, seed, row, self.rows.action_space, self._shapes,
-                       self._cameras)
+                       self._cameras, self.control)
         slot.start(att)
         try:
             select = find_task_method(att.env, "demo_select_episode")
@@ -495,7 +535,7 @@ class Executor:
                 raise
             except Exception as exc:
                 raise EnvError(f"reset(seed={seed}) raised {type(exc).__name__}: {exc}") from exc
-            att.begin(obs)
+            att.begin(obs, self._policy(row))
         except DemoError as exc:
             att.fail(exc)
         return AttemptStarted(key=key, seed=seed, row=row, worker=self.worker)
@@ -542,8 +582,11 @@ class Executor:
         actions: list[np.ndarray] = []
         for slot in slots:
             if slot.attempt is not None:
-                assert slot.attempt.action is not None
-                actions.append(slot.attempt.action)
+                try:
+                    actions.append(slot.attempt.choose())
+                except DemoError as exc:  # the driving policy failed: this attempt ends, the others step
+                    slot.attempt.fail(exc)
+                    actions.append(self._hold_action(slot.index))
             else:
                 actions.append(self._hold_action(slot.index))
         try:
@@ -558,6 +601,9 @@ class Executor:
                     yield from self._settle(slot, slots, feed)
             return
         for slot, outcome in zip(slots, outcomes):
+            if slot.attempt is not None and slot.attempt.result is not None:  # failed choosing its action
+                yield from self._settle(slot, slots, feed)
+                continue
             if slot.attempt is None:
                 _obs, _reward, terminated, truncated, _info = outcome
                 if terminated or truncated:
@@ -593,8 +639,9 @@ class Executor:
 
 def run_episodes(env: gym.Env | gym.vector.VectorEnv, *, task: str, episodes: int, job_seed: int = 0,
                  max_attempts: int = 3, cameras: tuple[CameraSpec, ...] | None = None,
-                 layout: EpisodeLayout | None = None) -> Iterator[Record]:
+                 layout: EpisodeLayout | None = None, control: ControlSpec | None = None,
+                 make_policy: Callable[[], Policy] | None = None) -> Iterator[Record]:
     """Convenience: run episodes ``0..episodes-1`` (of every member of a suite's ``layout``) and yield every
-    record (``cameras``: see :class:`Executor`)."""
-    yield from Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts,
-                        cameras=cameras).run(EpisodeRange(episodes, layout=layout))
+    record (``cameras``, ``control``, ``make_policy``: see :class:`Executor`)."""
+    yield from Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts, cameras=cameras,
+                        control=control, make_policy=make_policy).run(EpisodeRange(episodes, layout=layout))

@@ -26,6 +26,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from demoforge.stages.contract import EnvError, EpisodeResult, TerminalReason
 from demoforge.stages.context import StageContext
+from demoforge.stages.control import ControlSpec, Policy
 from demoforge.stages.executor import Executor
 from demoforge.stages.records import (
     PENDING,
@@ -136,6 +137,8 @@ class StepSettings:
     step_timeout_s: float | None = None
     send_batch: int = 1
     send_wait_s: float = 0.005
+    control: ControlSpec | None = None  # who drives (stages/control.py); make_policy builds a driving policy
+    make_policy: Callable[[], Policy] | None = None
 
 
 async def step_stage(worker: int, make_row_env: Callable[[], gym.Env], settings: StepSettings,
@@ -230,7 +233,8 @@ class _EnvThread:
             executor = Executor(env, task=settings.task, job_seed=settings.job_seed,
                                 max_attempts=settings.max_attempts,
                                 interrupt=lambda: stop.is_set() or state.abandoned, worker=self.worker,
-                                cameras=settings.cameras)
+                                cameras=settings.cameras, control=settings.control,
+                                make_policy=settings.make_policy)
             work = _StreamWork(self.assignments, stop, state, self.token, self.carried, before_wait=self._flush)
             for record in executor.run(work):
                 started = state.busy_since

@@ -143,6 +143,8 @@ class Fingerprint:
     seed: int
     chunk_frames: int
     depth_video: DepthVideoIdentity | None = None  # set exactly when a camera is a depth camera
+    # How attempts were driven (stages/control.py ControlSpec.to_json), None when the expert drove alone
+    control: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, exactly as stores have always recorded it (tuples as lists)."""
@@ -153,6 +155,8 @@ class Fingerprint:
                "chunk_frames": self.chunk_frames}
         if self.depth_video is not None:  # absent for RGB-only jobs: their JSON is unchanged
             raw["depth_video"] = self.depth_video.to_json()
+        if self.control is not None:  # absent for expert-only jobs, as before
+            raw["control"] = dict(self.control)
         return json.loads(json.dumps(raw, sort_keys=True))
 
     def to_json(self) -> str:
@@ -173,7 +177,7 @@ class Fingerprint:
         wanted = ("schema_version", "task", "task_options", "fps", "cameras", "state_shapes", "action_shape",
                   "video", "seed", "chunk_frames")
         missing = [k for k in wanted if k not in data]
-        extra = sorted(set(data) - set(wanted) - {"depth_video"})
+        extra = sorted(set(data) - set(wanted) - {"depth_video", "control"})
         if missing or extra:
             raise FingerprintError("the store's job fingerprint was written by another version or program: "
                                    + "; ".join([*(f"field {k!r} is missing" for k in missing),
@@ -226,10 +230,18 @@ class Fingerprint:
                    video=VideoIdentity(codec=str(video["codec"]), crf=video["crf"], preset=video["preset"],
                                        g=integer("video", video["g"], 1), pix_fmt=str(video["pix_fmt"])),
                    seed=integer("seed", data["seed"]), chunk_frames=integer("chunk_frames", data["chunk_frames"], 1),
-                   depth_video=depth_video)
+                   depth_video=depth_video, control=_control_field(data.get("control")))
 
     def differences(self, other: Fingerprint) -> list[str]:
         """Each differing field, as 'field: store has X, this job has Y' (self is the store's)."""
         mine, theirs = self.to_dict(), other.to_dict()
         return [f"{k}: store has {mine.get(k)!r}, this job has {theirs.get(k)!r}"
                 for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+
+
+def _control_field(value: object) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not set(value) <= {"driver", "beta", "noise", "takeover"}:
+        raise FingerprintError(f"the store's job fingerprint has a bad 'control' field, got {value!r}"[:400])
+    return dict(value)

@@ -162,7 +162,7 @@ class _ChunkBuffer:
     def write(self, start: int, data: np.ndarray) -> None:
         assert self.array is not None, "EpisodeWriter.create() must run before any write"
         self.array[start:start + len(data)] = data
-        self.hash.update(data.tobytes())
+        self.hash.update(data)  # its buffer, not a copy
 
 
 class _ByteStream:
@@ -185,7 +185,10 @@ class _ByteStream:
         whole = len(self.pending) if final else len(self.pending) // self.shard * self.shard
         if not whole:
             return None
-        part = _Part(self, self.written, np.frombuffer(bytes(self.pending[:whole]), dtype=np.uint8))
+        # One copy of the detached bytes (a memoryview slice copies nothing; bytes() copies once): a shard is
+        # 4 MiB, and every extra copy is held per attempt being written.
+        with memoryview(self.pending) as view:
+            part = _Part(self, self.written, np.frombuffer(bytes(view[:whole]), dtype=np.uint8))
         self.written += whole
         del self.pending[:whole]
         return part
@@ -193,7 +196,7 @@ class _ByteStream:
     def write(self, start: int, data: np.ndarray) -> None:
         assert self.array is not None, "EpisodeWriter.create() must run before any write"
         self.array[start:start + len(data)] = data
-        self.hash.update(data.tobytes())
+        self.hash.update(data)  # its buffer, not a copy
 
 
 @dataclass(frozen=True, eq=False)

@@ -163,6 +163,13 @@ def _serve(head_cpus: int) -> None:
                         answer(pids=pids)
                         continue
                     started = time.monotonic()
+                    # A lost machine loses every process at once. Ray's remove_node kills the raylet only; its
+                    # workers notice on their own, which on a loaded machine took longer than a short job.
+                    for pid in pids:
+                        try:
+                            psutil.Process(pid).kill()
+                        except psutil.Error:
+                            pass
                     cluster.remove_node(node, allow_graceful=False)
                     nodes.remove(node)
                     answer(node=node.node_id, workers=pids, seconds=round(time.monotonic() - started, 2))

@@ -49,6 +49,41 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
                    help="a task option, e.g. --option cycles=2 (see `demoforge tasks`)")
 
 
+def add_control_options(p: argparse.ArgumentParser, *, driver_required: bool = False) -> None:
+    """Who drives the episodes (stages/control.py): noise on the expert's actions, or a policy it labels."""
+    p.add_argument("--noise", default=None, metavar="SPEC",
+                   help="execute the expert's action plus gaussian noise and record the clean action as the "
+                        "label: gaussian:SCALE, gaussian:S1,S2,... (one per action dimension), optionally "
+                        "@SEGMENT[+SEGMENT] to noise only those segments; seeded by each attempt's seed "
+                        "(default: none)")
+    p.add_argument("--driver", default=None, required=driver_required, metavar="PATH_OR_SPEC",
+                   help="a policy drives and the expert labels every state it visits: a LeRobot checkpoint "
+                        "folder (pretrained_model) or module:factory" + (" (required)" if driver_required
+                                                                         else " (default: the expert drives)"))
+    p.add_argument("--beta", type=float, default=0.0,
+                   help="with --driver: the probability that the expert's action is executed instead of the "
+                        "policy's, drawn each step (DAgger's mixture; default: 0)")
+    p.add_argument("--takeover", default=None, metavar="RULE",
+                   help="with --driver: gap:BOUND:STEPS: the expert takes over after STEPS steps in a row where "
+                        "the policy's action differs from its own by more than BOUND, until its phase advances; "
+                        "those frames are marked intervention (default: none)")
+
+
+def control_spec(args: argparse.Namespace) -> Any:
+    """The job's :class:`~demoforge.stages.control.ControlSpec` from the control options (None: the expert
+    drives alone); a malformed one is a JobConfigError naming its option."""
+    from demoforge.stages.control import ControlError, ControlSpec, parse_noise, parse_takeover
+    from demoforge.stages.settings import JobConfigError
+
+    if args.noise is None and args.driver is None and not args.beta and args.takeover is None:
+        return None
+    try:
+        return ControlSpec(noise=parse_noise(args.noise) if args.noise is not None else None, driver=args.driver,
+                           beta=args.beta, takeover=parse_takeover(args.takeover) if args.takeover else None)
+    except ControlError as exc:
+        raise JobConfigError(str(exc)) from None
+
+
 def parse_options(items: Sequence[str]) -> dict[str, Any]:
     """``--option key=value``: values are JSON when they parse (numbers, booleans), else strings."""
     options: dict[str, Any] = {}

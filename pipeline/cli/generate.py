@@ -10,7 +10,16 @@ from typing import Any
 
 import anyio
 
-from demoforge.pipeline.cli.common import EXIT_FAIL, EXIT_OK, add_command, add_job_options, make_console, parse_options
+from demoforge.pipeline.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_command,
+    add_control_options,
+    add_job_options,
+    control_spec,
+    make_console,
+    parse_options,
+)
 from demoforge.pipeline.export_child import DEFAULT_PROGRESS_TIMEOUT_S, export_in_child
 from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED, JobSpec, VideoSettings
 from demoforge.pipeline.workers.config import ExecutorConfig
@@ -26,6 +35,7 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "generate", help="generate episodes into a store until N are committed (resumable)",
                     example=EXAMPLE)
     add_job_options(p)
+    add_control_options(p)
     p.add_argument("--store", type=Path, required=True,
                    help="the job's store folder (created if new; re-run with the same one to resume). Required")
     p.add_argument("--workers", type=int, default=1,
@@ -79,7 +89,7 @@ def _job_spec(args: argparse.Namespace) -> JobSpec:
     return JobSpec(task=args.task, episodes=args.episodes, task_options=parse_options(args.option),
                    seed=args.seed, max_attempts=args.max_attempts, workers=threads, num_envs=args.num_envs,
                    video=video, queue_frames=args.queue_frames, step_timeout_s=args.step_timeout or None,
-                   max_consecutive_abandoned=args.max_consecutive_abandoned)
+                   max_consecutive_abandoned=args.max_consecutive_abandoned, control=control_spec(args))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -43,7 +43,7 @@ def _task_row(name: str) -> dict[str, Any]:
             "camera_kinds": {c.name: c.kind for c in info.cameras},
             "action_shape": list(info.action_shape),
             "state_shapes": {k: list(v) for k, v in info.state_shapes.items()},
-            "segments": list(info.segment_names),
+            "segments": list(info.segment_names), "labels_any_state": info.labels_any_state,
             "options": entry.resolve_options()}  # every option (the fingerprint leaves some defaults out)
 
 
@@ -114,6 +114,9 @@ def _print_task(row: dict[str, Any], *, json_out: bool) -> int:
         console.print(f"camera {name}: {shape[0]}x{shape[1]} {kind}")
     for name, shape in row["state_shapes"].items():
         console.print(f"state {name}: {tuple(shape)}", markup=False)
+    console.print("expert: labels any state (--noise, --driver and eval allowed)" if row["labels_any_state"] else
+                  "expert: plans ahead, cannot label states it did not choose (--noise and --driver refused)",
+                  markup=False)
     segments = list(dict.fromkeys(row["segments"]))
     console.print(f"segments ({len(segments)}): " + " ".join(segments), markup=False)
     for key, value in row["options"].items():

@@ -168,7 +168,7 @@ def _describe(env: str, options: Mapping[str, Any]) -> TaskInfo:
                     "segmented at its phase changes; as LeRobot's Meta-World env renders it)",
         instruction=description(env), fps=FPS, action_shape=(4,), state_shapes=state_shapes(options),
         cameras=camera_specs(options), segment_names=PHASES[env].names(), options=dict(options),
-        action_names=("dx", "dy", "dz", "gripper"), robot_type="sawyer")
+        action_names=("dx", "dy", "dz", "gripper"), robot_type="sawyer", labels_any_state=True)
 
 
 def _describe_suite(suite: str, options: Mapping[str, Any]) -> TaskInfo:
@@ -181,7 +181,7 @@ def _describe_suite(suite: str, options: Mapping[str, Any]) -> TaskInfo:
         instruction="; ".join(description(env) for env in members[:1]) + " (one per member task)", fps=FPS,
         action_shape=(4,), state_shapes=state_shapes(options), cameras=camera_specs(options), segment_names=names,
         options=dict(options), action_names=("dx", "dy", "dz", "gripper"), robot_type="sawyer",
-        suite=tuple(PREFIX + env for env in members))
+        suite=tuple(PREFIX + env for env in members), labels_any_state=True)
 
 
 # ------------------------------------------------------------------------------------------ the expert

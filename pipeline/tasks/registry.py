@@ -113,6 +113,9 @@ class TaskInfo:
     robot_type: str | None = None
     # A suite's member tasks (registered names, same features): each episode is one member's (pipeline/tasks/suite.py)
     suite: tuple[str, ...] = ()
+    # The expert decides from each observation (a reactive expert), so it can label states it did not choose:
+    # noise injection and policy drivers (stages/control.py) are allowed only then
+    labels_any_state: bool = False
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any
 from demoforge.pipeline.environment import WORKER_ENVIRONMENT
 from demoforge.pipeline.workers.config import WorkerStartError
 from demoforge.stages.contract import EpisodeResult, TerminalReason
+from demoforge.stages.control import ControlSpec
 from demoforge.stages.records import (
     AttemptEnded,
     AttemptKey,
@@ -71,6 +72,7 @@ class WorkerSpec:
     worker: int = 0
     task_modules: tuple[str, ...] = ()  # imported before the task is looked up (plugins register tasks)
     environment: Mapping[str, str] = field(default_factory=lambda: dict(WORKER_ENVIRONMENT))
+    control: ControlSpec | None = None  # who drives (stages/control.py)
 
 
 def task_modules_for(task_entry: Any) -> tuple[str, ...]:
@@ -116,6 +118,15 @@ class EpisodeWorker:
         except Exception as exc:
             raise WorkerStartError(f"worker {spec.worker} ({where()}) cannot build task {spec.task!r}: "
                                    f"{type(exc).__name__}: {exc}") from None
+        self._policy: Any = None
+        if spec.control is not None and spec.control.driver is not None:
+            from demoforge.pipeline.policies import policy_factory
+
+            try:
+                self._policy = policy_factory(spec.control.driver, self.entry.info(spec.task_options))()
+            except Exception as exc:
+                raise WorkerStartError(f"worker {spec.worker} ({where()}) cannot load --driver "
+                                       f"{spec.control.driver}: {type(exc).__name__}: {exc}") from None
         # One thread per camera keeps each camera's frames in order.
         self._pools = {c.name: ThreadPoolExecutor(1, thread_name_prefix=f"encode-{c.name}") for c in spec.cameras}
 
@@ -144,7 +155,8 @@ class EpisodeWorker:
             active: list[Any] = []  # [key, seed, row, frames] of the attempt in progress
             try:
                 executor = Executor(self.env, task=spec.task, job_seed=spec.job_seed, max_attempts=spec.max_attempts,
-                                    worker=spec.worker, cameras=spec.cameras)
+                                    worker=spec.worker, cameras=spec.cameras, control=spec.control,
+                                    make_policy=(lambda: self._policy) if self._policy is not None else None)
                 for record in executor.run(_OneEpisode(EpisodeAssignment(episode_index, attempt))):
                     if isinstance(record, AttemptStarted):
                         encoders = self._open_encoders()

@@ -45,6 +45,9 @@ def episode_facts(episode: SourceEpisode, replay: Mapping[int, str] | None = Non
             "failed_segments": sum(1 for s in segments if not s.get("success", True))
             if isinstance(segments, list) else None,
             "seed": record.get("seed"), "attempt": record.get("attempt"),
+            # A record without them is of an episode the expert drove alone (stages/contract.py).
+            "driver": record.get("driver", "expert") if record else None,
+            "interventions": int(record.get("interventions") or 0) if record else None,
             "replay": (replay or {}).get(episode.index)}
 
 

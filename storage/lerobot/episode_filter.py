@@ -48,6 +48,8 @@ FIELDS: Mapping[str, FieldInfo] = {
     "failed_segments": FieldInfo(NUMBER, "segments whose validator failed"),
     "seed": FieldInfo(NUMBER, "the env seed of the attempt"),
     "attempt": FieldInfo(NUMBER, "which attempt at its episode it was (0: the first)"),
+    "driver": FieldInfo(STRING, 'who drove: "expert", "expert+noise" or "policy" (generate --noise/--driver)'),
+    "interventions": FieldInfo(NUMBER, "times the expert took over from the driving policy (--takeover)"),
     "replay": FieldInfo(STRING, 'the replay verdict, from --replay-report ("reproduced", "diverged", "error"; '
                                 "null when not replayed)"),
 }

@@ -1,0 +1,94 @@
+"""A LeRobot policy checkpoint as a driver (``--driver FOLDER``): LeRobot's own loaders, on the CPU.
+
+The folder is a ``pretrained_model`` folder as ``lerobot-train`` saves it: ``config.json``, the weights and
+the pre/post-processor pipelines (normalisation with the training set's statistics). Observations are given
+to the preprocessor as ``lerobot-eval`` gives them (images CHW float in [0, 1], states float32, a batch of
+one, the task's instruction as ``task``); the postprocessor's action goes to the env.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from demoforge.pipeline.policy_io import PolicyLoadError, feature_mismatch, features_of
+from demoforge.stages.contract import RecordedObservation
+from demoforge.stages.control import Policy
+from demoforge.storage.paths import short_path
+
+
+def _load_config(path: Path) -> Any:
+    if not (path / "config.json").is_file():
+        raise PolicyLoadError(f"--driver {short_path(path)}: not a LeRobot policy checkpoint (no config.json; "
+                              "give the pretrained_model folder lerobot-train saved)")
+    import lerobot.policies.factory  # noqa: F401  (registers the policy types' configs)
+    from lerobot.configs.policies import PreTrainedConfig
+
+    try:
+        return PreTrainedConfig.from_pretrained(str(path))
+    except Exception as exc:
+        raise PolicyLoadError(f"--driver {short_path(path)}: not a LeRobot policy checkpoint "
+                              f"({type(exc).__name__}: {exc})"[:600]) from None
+
+
+class CheckpointPolicy:
+    """One loaded checkpoint; ``reset()`` clears its action queue between attempts."""
+
+    def __init__(self, path: Path, config: Any) -> None:
+        import torch
+        from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+        config.device = "cpu"
+        self.torch = torch
+        self.policy = get_policy_class(config.type).from_pretrained(str(path), config=config)
+        self.policy.eval()
+        self.pre, self.post = make_pre_post_processors(
+            config, pretrained_path=str(path), preprocessor_overrides={"device_processor": {"device": "cpu"}})
+        self.image_keys = [k for k, f in config.input_features.items() if f.type.name == "VISUAL"]
+        self.task = ""
+
+    def reset(self) -> None:
+        self.policy.reset()
+
+    def act(self, observation: RecordedObservation) -> np.ndarray:
+        torch = self.torch
+        batch: dict[str, Any] = {}
+        for name, value in features_of(observation).items():
+            tensor = torch.from_numpy(np.ascontiguousarray(value))
+            if name in self.image_keys:
+                tensor = tensor.permute(2, 0, 1).float() / 255.0
+            else:
+                tensor = tensor.float()
+            batch[name] = tensor.unsqueeze(0)
+        batch["task"] = [self.task]
+        with torch.inference_mode():
+            action = self.post(self.policy.select_action(self.pre(batch)))
+        return np.asarray(action.squeeze(0).cpu().numpy(), dtype=np.float32)
+
+
+def checkpoint_policy(path: Path, task_features: Mapping[str, tuple[int, ...]],
+                      action_shape: tuple[int, ...]) -> Callable[[], Policy]:
+    """Check the checkpoint against the task (every input feature recorded with its shape, the action's
+    shape), then return a builder of loaded policies."""
+    config = _load_config(path)
+    wanted: dict[str, tuple[int, ...]] = {}
+    for name, feature in config.input_features.items():
+        shape = tuple(feature.shape)
+        if feature.type.name == "VISUAL" and len(shape) == 3:  # LeRobot keeps CHW; the task records HWC
+            shape = (shape[1], shape[2], shape[0])
+        wanted[name] = shape
+    problems = feature_mismatch(wanted, task_features)
+    actions = [tuple(f.shape) for f in config.output_features.values()]
+    if actions and actions[0] != tuple(action_shape):
+        problems.append(f"action {actions[0]} (the task's action is {tuple(action_shape)})")
+    if problems:
+        raise PolicyLoadError(f"--driver {short_path(path)}: the checkpoint's features do not match the task: "
+                              + "; ".join(problems))
+
+    def make() -> Policy:
+        return CheckpointPolicy(path, _load_config(path))
+
+    return make

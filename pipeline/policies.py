@@ -1,0 +1,91 @@
+"""Driving policies: what ``--driver`` names, loaded as the executor's :class:`~demoforge.stages.control.Policy`.
+
+A driver sees a frame as a policy trained on the dataset would: a dict of the dataset's feature names (the
+task's state features, ``observation.images.<camera>`` as HxWx3 uint8) to numpy arrays, and returns one action.
+
+- ``module:factory``: ``factory()`` (no arguments) returns an object with ``select_action(features)`` (and
+  optionally ``reset()``, called before each attempt) or a plain callable ``features -> action``. The module
+  is imported in every worker, as a task plugin is.
+- a folder: a LeRobot policy checkpoint (``pretrained_model``: ``config.json`` and the weights, with the pre-
+  and post-processors saved beside them), loaded with LeRobot's own factory on the CPU, nothing from a hub.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from demoforge.pipeline.policy_io import PolicyLoadError, features_of, task_features
+from demoforge.pipeline.tasks.registry import TaskInfo
+from demoforge.stages.contract import RecordedObservation
+from demoforge.stages.control import Policy
+from demoforge.storage.paths import short_path
+
+_FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+class FeaturePolicy:
+    """Adapts a ``select_action(features)`` object (or a callable) to the executor's ``act(observation)``."""
+
+    def __init__(self, inner: Any, name: str) -> None:
+        self.inner, self.name = inner, name
+        self._select = getattr(inner, "select_action", None) or inner
+        if not callable(self._select):
+            raise PolicyLoadError(f"--driver {name}: the factory returned a {type(inner).__name__}, which has no "
+                                  "select_action(features) and is not callable")
+
+    def reset(self) -> None:
+        reset = getattr(self.inner, "reset", None)
+        if callable(reset):
+            reset()
+
+    def act(self, observation: RecordedObservation) -> Any:
+        return self._select(features_of(observation))
+
+
+def _factory_policy(driver: str) -> Callable[[], Policy]:
+    module_name, _, attr = driver.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise PolicyLoadError(f"--driver {driver}: importing module {module_name!r} failed: "
+                              f"{type(exc).__name__}: {exc}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise PolicyLoadError(f"--driver {driver}: module {module_name!r} has no callable {attr!r}")
+
+    def make() -> Policy:
+        return FeaturePolicy(factory(), driver)
+
+    return make
+
+
+def policy_factory(driver: str, info: TaskInfo) -> Callable[[], Policy]:
+    """A function that builds one driving policy (one per env row: policies keep state); raises
+    :class:`PolicyLoadError` naming ``--driver`` when it names nothing loadable or does not fit the task."""
+    path = Path(driver)
+    if path.exists() or "/" in driver or driver.startswith("."):
+        from demoforge.pipeline.lerobot_policy import checkpoint_policy
+
+        if not path.is_dir():
+            raise PolicyLoadError(f"--driver {short_path(path)}: no such folder (a LeRobot checkpoint's "
+                                  "pretrained_model folder, or module:factory)")
+        return checkpoint_policy(path, task_features(info), tuple(info.action_shape))
+    if not _FACTORY.fullmatch(driver):
+        raise PolicyLoadError(f"--driver {driver!r}: expected a LeRobot checkpoint folder or module:factory "
+                              "(e.g. my_policies:make)")
+    return _factory_policy(driver)
+
+
+def check_driver(driver: str, info: TaskInfo) -> None:
+    """Load the driver once where the job starts, so a bad one is refused before anything is written."""
+    make = policy_factory(driver, info)
+    try:
+        make()
+    except PolicyLoadError:
+        raise
+    except Exception as exc:
+        raise PolicyLoadError(f"--driver {driver}: building the policy raised {type(exc).__name__}: {exc}") from None
