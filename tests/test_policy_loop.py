@@ -24,7 +24,7 @@ from demoforge.stages.control import (
 from demoforge.stages.executor import run_episodes
 from demoforge.stages.records import AttemptEnded, Frame
 from demoforge.storage.episode_source import open_episode_source
-from helpers import run_cli
+from helpers import attempts_now, demoforge_argv, kill_once_started, run_cli
 from toy_policies import DOWN, Down
 
 PUSH = ("--task", "metaworld-push-v3", "--option", "camera=none", "--option", "full_state=true")
@@ -271,3 +271,22 @@ def test_a_lerobot_checkpoint_drives_and_one_of_other_features_is_refused(tmp_pa
     assert no_env_state.returncode == 2 and "observation.environment_state (39,) (the task records no such " \
         "feature)" in no_env_state.stderr, no_env_state.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_a_killed_noise_job_resumes_to_the_same_episodes(tmp_path) -> None:
+    """The noise is drawn from each attempt's seed: a job SIGKILLed after its first commit and re-run ends with
+    exactly the episodes of a job that was never interrupted, byte for byte."""
+    args = ("generate", *PUSH, "--episodes", "6", "--noise", "gaussian:0.2")
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    assert run_cli(*args, "--store", str(clean)).returncode == 0
+    assert kill_once_started(demoforge_argv(*args, "--store", str(killed)),
+                             lambda: bool(attempts_now(killed, ("committed",))), 0)
+    assert len(attempts_now(killed, ("committed",))) < 6
+    resumed = run_cli(*args, "--store", str(killed))
+    assert resumed.returncode == 0, resumed.stderr
+
+    def identity(store: Path) -> list[tuple]:
+        return sorted((r.episode_index, r.attempt, r.seed, r.content_hash)
+                      for r in attempts_now(store, ("committed",)))
+
+    assert identity(killed) == identity(clean)

@@ -38,14 +38,14 @@ def run_view(path: Path, *, host: str, port: int, html: Path | None) -> int:
                                   "one)") from None
             raise ViewerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         try:
-            if not is_loopback(host):
-                print(f"demoforge view: warning: serving on {host}, not loopback: anyone who can reach this machine "
-                      f"on port {server.port} can watch every episode of {path} and mark episodes rejected (no "
-                      "authentication)",
-                      file=sys.stderr, flush=True)
-            print(f"serving {what}, {count} {'attempt' if summary.kind == 'store' else 'episode'}(s), at "
-                  f"{server.url} ({_writes(source)}; Ctrl-C stops)", flush=True)
+            # The handlers first: whoever reads the URL may stop the server the moment it is printed.
             with _stopped_by_signals():
+                if not is_loopback(host):
+                    print(f"demoforge view: warning: serving on {host}, not loopback: anyone who can reach this "
+                          f"machine on port {server.port} can watch every episode of {path} and mark episodes "
+                          "rejected (no authentication)", file=sys.stderr, flush=True)
+                print(f"serving {what}, {count} {'attempt' if summary.kind == 'store' else 'episode'}(s), at "
+                      f"{server.url} ({_writes(source)}; Ctrl-C stops)", flush=True)
                 server.serve_forever()
         except _Stop:
             print("stopped", flush=True)
