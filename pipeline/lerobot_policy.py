@@ -8,6 +8,8 @@ one, the task's instruction as ``task``); the postprocessor's action goes to the
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,9 @@ class CheckpointPolicy:
 
         config.device = "cpu"
         self.torch = torch
-        self.policy = get_policy_class(config.type).from_pretrained(str(path), config=config)
+        # LeRobot prints its loading notes on stdout, which `eval --json` keeps for its report.
+        with contextlib.redirect_stdout(sys.stderr):
+            self.policy = get_policy_class(config.type).from_pretrained(str(path), config=config)
         self.policy.eval()
         self.pre, self.post = make_pre_post_processors(
             config, pretrained_path=str(path), preprocessor_overrides={"device_processor": {"device": "cpu"}})
