@@ -181,6 +181,8 @@ class _EnvThread:
         if await self._watch():
             return True
         await anyio.to_thread.run_sync(thread.join)
+        if isinstance(self.state.error, anyio.BrokenResourceError):
+            return False  # the next stage is gone: it failed or was cancelled, and reports why itself
         if self.state.error is not None:
             raise self.state.error
         return False

@@ -602,3 +602,24 @@ def test_bad_executor_settings_in_the_job_file_are_named(tmp_path, job_extra, ta
     with pytest.raises(DaemonConfigError) as info:
         load_config(_job_file(tmp_path, job_extra, tail))
     assert message in str(info.value)
+
+
+def test_ray_actors_make_the_same_policy_driven_episodes_as_threads(tmp_path, ray_cluster) -> None:
+    """A policy drives (the expert takes over by its rule) with noise on top: two Ray actors commit exactly the
+    episodes one thread does for the same seeds (the policy is loaded in each actor; the noise and the takeover
+    depend on the attempt alone)."""
+    args = ("--task", "metaworld-push-v3", "--option", "camera=none", "--option", "full_state=true",
+            "--episodes", "3", "--driver", "toy_policies:down", "--takeover", "gap:0.5:3", "--noise", "gaussian:0.05")
+    hashes = []
+    for kind in ("thread", "ray"):
+        store = tmp_path / kind
+        done = subprocess.run(demoforge_argv("generate", *args, "--store", str(store),
+                                             *(executor_args("ray", ray_cluster) if kind == "ray" else ())),
+                              env=cli_env(**machine_with_token(tmp_path)), capture_output=True, text=True,
+                              timeout=600, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr
+        catalog = check_store(store)
+        hashes.append(sorted((r.episode_index, r.attempt, r.content_hash, (r.record or {}).get("interventions"))
+                             for r in catalog.committed()))
+        catalog.close()
+    assert hashes[0] == hashes[1] and all(h[3] for h in hashes[0]), hashes

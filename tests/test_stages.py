@@ -207,6 +207,19 @@ async def test_step_blocks_on_a_full_stream_so_the_env_waits_for_the_consumer():
     assert len(steps_taken) == STEPS and sum(isinstance(r, Frame) for r in records) == STEPS
 
 
+async def test_step_ends_quietly_when_the_next_stage_is_gone():
+    """The stage after it failed (its receiving end closed while the env waits to send): the step stage stops
+    its env and ends without an error of its own, so the job reports only the failure that caused it."""
+    send, receive = anyio.create_memory_object_stream(3)
+    steps_taken: list[int] = []
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(step_task(step_env_factory(steps_taken), one_episode(), send, threading.Event()))
+            await until_send_blocks(send)
+            receive.close()  # what a failing next stage does as it ends
+    assert len(steps_taken) < STEPS  # it stopped stepping: nothing would take what it makes
+
+
 async def test_step_sends_records_in_batches_and_runs_at_most_a_batch_ahead_of_a_full_stream():
     send, receive = anyio.create_memory_object_stream(1)
     steps_taken: list[int] = []
