@@ -10,6 +10,7 @@ from typing import Any
 
 from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED, JobConfigError, JobSpec, VideoSettings
 from demoforge.pipeline.workers.config import ExecutorConfig, ExecutorError
+from demoforge.stages.control import ControlError, ControlSpec, parse_noise, parse_takeover
 
 UNBOUNDED_EPISODES = 10_000_000
 
@@ -55,6 +56,10 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
     "video": {"codec": ((str,), "codec"), "crf": ((int,), "quality"), "g": ((int,), "keyframe interval"),
               "preset": ((int, str), "encoder preset"), "encoder_threads": ((int,), "threads per encoder")},
     "store": {"dir": ((str,), "staging store directory")},
+    "control": {"noise": ((str,), "gaussian:SCALE[,...][@SEGMENT+...]: noise on the expert's actions"),
+                "driver": ((str,), "a LeRobot checkpoint folder or module:factory that drives; the expert labels"),
+                "beta": ((int, float), "with driver: the expert's action with this probability each step"),
+                "takeover": ((str,), "with driver: gap:BOUND:STEPS, the expert takes over (docs/policy-loop.md)")},
     "export": {"dir": ((str,), "LeRobot dataset directory"), "every_episodes": ((int,), "episodes between exports"),
                "every_seconds": ((int, float), "seconds between exports"), "repo_id": ((str,), "dataset repo id"),
                "prune": ((bool,), "delete the staged data of exported episodes after each export"),
@@ -124,7 +129,8 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
                        num_envs=job.get("num_envs", 1), queue_frames=job.get("queue_frames", 32), video=settings,
                        step_timeout_s=float(job.get("step_timeout_seconds", 60.0)),
                        max_consecutive_abandoned=job.get("max_consecutive_abandoned",
-                                                         DEFAULT_MAX_CONSECUTIVE_ABANDONED))
+                                                         DEFAULT_MAX_CONSECUTIVE_ABANDONED),
+                       control=_control(raw.get("control")))
         from demoforge.pipeline.tasks.registry import get_task
 
         get_task(spec.task).resolve_options(spec.task_options)
@@ -132,6 +138,10 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
         if isinstance(exc, DaemonConfigError):
             raise
         raise DaemonConfigError(f"[job]/[video]: {exc}") from None
+    try:  # a control that cannot apply to the task is refused before the daemon starts anything
+        spec.check_control(get_task(spec.task).info(spec.task_options))
+    except JobConfigError as exc:
+        raise DaemonConfigError(f"[control]: {exc}") from None
     executor = _executor(job, raw.get("ray"))
     export = raw.get("export", {})
     metrics = raw.get("metrics", {}).get("address", "127.0.0.1:9464")
@@ -169,6 +179,18 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
         disk_check_seconds=float(numbers["disk.check_seconds"]),
         shutdown_deadline_seconds=float(numbers["shutdown.deadline_seconds"]),
         json_logs=bool(raw.get("log", {}).get("json", False)), unbounded=unbounded, executor=executor)
+
+
+def _control(section: Mapping[str, Any] | None) -> ControlSpec | None:
+    """The ``[control]`` table as the job's ControlSpec (None: the expert drives alone)."""
+    if not section:
+        return None
+    try:
+        return ControlSpec(noise=parse_noise(section["noise"]) if "noise" in section else None,
+                           driver=section.get("driver"), beta=float(section.get("beta", 0.0)),
+                           takeover=parse_takeover(section["takeover"]) if "takeover" in section else None)
+    except ControlError as exc:
+        raise DaemonConfigError(f"[control]: {exc}") from None
 
 
 def _executor(job: Mapping[str, Any], ray: Mapping[str, Any] | None) -> ExecutorConfig:

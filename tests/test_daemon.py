@@ -219,6 +219,10 @@ def test_low_disk_space_pauses_and_resumes_generation(tmp_path):
     ('[job]\ntask = "toy-point"\noptions = { size = "big" }\n[store]\ndir = "s"\n', "size"),
     ('[job]\ntask = "toy-point"\n', "missing required key store.dir"),
     ('job = [\n', "not valid TOML"),
+    ('[job]\ntask = "toy-point"\n[store]\ndir = "s"\n[control]\nnoise = "gaussian:-1"\n', "[control]: --noise"),
+    ('[job]\ntask = "toy-point"\n[store]\ndir = "s"\n[control]\nnoise = "gaussian:0.1"\n',
+     "[control]: --noise: task 'toy-point''s expert cannot label states it did not choose"),
+    ('[job]\ntask = "toy-point"\n[store]\ndir = "s"\n[control]\nnoyse = "gaussian:0.1"\n', "unknown key control.noyse"),
 ])
 def test_invalid_job_files_are_refused_naming_the_key(tmp_path, body, message):
     import toy_tasks  # noqa: F401
@@ -237,6 +241,16 @@ def test_invalid_job_file_exits_2_naming_the_key(tmp_path):
                             text=True, timeout=120)
     assert result.returncode == 2 and "unknown key job.episods" in result.stderr
     assert not (tmp_path / "s").exists()  # nothing was created
+
+
+def test_a_control_table_makes_a_policy_in_the_loop_job(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text('[job]\ntask = "metaworld-push-v3"\noptions = { camera = "none", full_state = true }\n'
+                    '[store]\ndir = "s"\n[control]\ndriver = "toy_policies:down"\nbeta = 0.5\n'
+                    'takeover = "gap:0.5:3"\nnoise = "gaussian:0.1@grasp"\n')
+    control = load_config(path).spec.control
+    assert control is not None and control.driver == "toy_policies:down" and control.beta == 0.5
+    assert control.takeover.text() == "gap:0.5:3" and control.noise.text() == "gaussian:0.1@grasp"
 
 
 def test_example_job_file_in_docs_is_valid():
