@@ -92,12 +92,12 @@ def evaluate(task: str, driver: str, episodes: int, *, seed: int = 0, task_optio
     ``store``: keep the rollouts there (a store of the same evaluation resumes); None: a temporary store."""
     executor = executor or ExecutorConfig(workers=1)
     spec = JobSpec(task=task, episodes=episodes, task_options=dict(task_options or {}), seed=seed, max_attempts=1,
-                   workers=executor.workers if executor.kind == "thread" else 1, video=video or VideoSettings(codec="h264"), control=ControlSpec(driver=driver),
+                   workers=executor.workers if executor.kind == "thread" else 1,
+                   video=video or VideoSettings(codec="h264"), control=ControlSpec(driver=driver),
                    max_consecutive_abandoned=0)
     with tempfile.TemporaryDirectory(prefix="demoforge-eval-") as scratch:
         folder = Path(store) if store is not None else Path(scratch) / "store"
-        runner = JobRunner(spec, folder, on_progress, executor=executor,
-                           on_event=on_event)
+        runner = JobRunner(spec, folder, on_progress, executor=executor, on_event=on_event)
         report = anyio.run(runner.run)
         return _read(folder, runner, spec, str(store) if store is not None else None, report.elapsed_s)
 

@@ -3,7 +3,8 @@
 The folder is a ``pretrained_model`` folder as ``lerobot-train`` saves it: ``config.json``, the weights and
 the pre/post-processor pipelines (normalisation with the training set's statistics). Observations are given
 to the preprocessor as ``lerobot-eval`` gives them (images CHW float in [0, 1], states float32, a batch of
-one, the task's instruction as ``task``); the postprocessor's action goes to the env.
+one, an empty ``task``: no instruction is passed, so language-conditioned policies get none); the
+postprocessor's action goes to the env.
 """
 
 from __future__ import annotations

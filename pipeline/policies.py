@@ -31,7 +31,7 @@ class FeaturePolicy:
     """Adapts a ``select_action(features)`` object (or a callable) to the executor's ``act(observation)``."""
 
     def __init__(self, inner: Any, name: str) -> None:
-        self.inner, self.name = inner, name
+        self.inner = inner
         self._select = getattr(inner, "select_action", None) or inner
         if not callable(self._select):
             raise PolicyLoadError(f"--driver {name}: the factory returned a {type(inner).__name__}, which has no "
@@ -80,9 +80,9 @@ def policy_factory(driver: str, info: TaskInfo) -> Callable[[], Policy]:
     return _factory_policy(driver)
 
 
-def check_driver(driver: str, info: TaskInfo) -> None:
-    """Load the driver once where the job starts, so a bad one is refused before anything is written."""
-    make = policy_factory(driver, info)
+def check_driver(make: Callable[[], Policy], driver: str) -> None:
+    """Build the driver (``make``, from :func:`policy_factory`) once where the job starts, so a bad one is
+    refused before anything is written."""
     try:
         make()
     except PolicyLoadError:

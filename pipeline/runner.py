@@ -126,7 +126,7 @@ class JobRunner:
 
             self.make_policy = policy_factory(spec.control.driver, self.info)
             if self.executor.remote:
-                check_driver(spec.control.driver, self.info)  # workers load it again; a bad one fails here first
+                check_driver(self.make_policy, spec.control.driver)  # workers load it again; a bad one fails here
         self.layout = spec.layout(self.info)
         self.target = spec.target(self.info)
         self.on_progress = on_progress

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,12 +85,6 @@ class ControlSpec:
         return {"driver": self.driver, "beta": self.beta,
                 "noise": self.noise.text() if self.noise else None,
                 "takeover": self.takeover.text() if self.takeover else None}
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> ControlSpec:
-        return cls(noise=parse_noise(raw["noise"]) if raw.get("noise") else None, driver=raw.get("driver"),
-                   beta=float(raw.get("beta") or 0.0),
-                   takeover=parse_takeover(raw["takeover"]) if raw.get("takeover") else None)
 
 
 def control_features(control: ControlSpec | None, action_shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
@@ -188,7 +182,7 @@ class AttemptControl:
                     self.interventions += 1
             if self._taken_at is not None:
                 executed, intervened = label, True
-            # Drawn every step whether or not it matters, so the stream of draws is the same for any rule.
+            # Drawn on the steps the policy would drive; the draws depend on the attempt alone.
             elif self._beta_rng.random() < self.spec.beta:
                 executed = label
         noise = self.spec.noise

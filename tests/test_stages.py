@@ -8,7 +8,8 @@ Records come from the real executor on the toy task; stores are real (Zarr stagi
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import anyio
 import numpy as np
@@ -193,30 +194,34 @@ async def test_step_runs_assigned_episodes_and_ends_its_stream_when_the_plan_doe
     assert sum(isinstance(r, Frame) for r in records) == 2 * STEPS
 
 
-async def test_step_blocks_on_a_full_stream_so_the_env_waits_for_the_consumer():
+@asynccontextmanager
+async def step_blocked_on_a_full_stream(steps_taken: list[int]) -> AsyncIterator[MemoryObjectReceiveStream]:
+    """The step stage running one episode into a stream of 3, once its env thread waits inside a send; yields
+    the stream's receiving end, and leaves when the stage has ended."""
     send, receive = anyio.create_memory_object_stream(3)
-    steps_taken: list[int] = []
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(step_task(step_env_factory(steps_taken), one_episode(), send, threading.Event()))
             await until_send_blocks(send)
-            # Full: 3 records queued (AttemptStarted + 2 frames), a 4th waits in send, the env stopped there.
-            assert receive.statistics().current_buffer_used == 3
-            assert len(steps_taken) == 3
-            records = await drain(receive)
+            yield receive
+
+
+async def test_step_blocks_on_a_full_stream_so_the_env_waits_for_the_consumer():
+    steps_taken: list[int] = []
+    async with step_blocked_on_a_full_stream(steps_taken) as receive:
+        # Full: 3 records queued (AttemptStarted + 2 frames), a 4th waits in send, the env stopped there.
+        assert receive.statistics().current_buffer_used == 3
+        assert len(steps_taken) == 3
+        records = await drain(receive)
     assert len(steps_taken) == STEPS and sum(isinstance(r, Frame) for r in records) == STEPS
 
 
 async def test_step_ends_quietly_when_the_next_stage_is_gone():
     """The stage after it failed (its receiving end closed while the env waits to send): the step stage stops
     its env and ends without an error of its own, so the job reports only the failure that caused it."""
-    send, receive = anyio.create_memory_object_stream(3)
     steps_taken: list[int] = []
-    with anyio.fail_after(60):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(step_task(step_env_factory(steps_taken), one_episode(), send, threading.Event()))
-            await until_send_blocks(send)
-            receive.close()  # what a failing next stage does as it ends
+    async with step_blocked_on_a_full_stream(steps_taken) as receive:
+        receive.close()  # what a failing next stage does as it ends
     assert len(steps_taken) < STEPS  # it stopped stepping: nothing would take what it makes
 
 
