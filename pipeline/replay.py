@@ -389,6 +389,9 @@ class EpisodeReplay:
         recorder = find_task_method(env, "demo_record") or _default_record
         success_fn = find_task_method(env, "demo_success")
         plan = _Plan(env, task)
+        drawn_miss = self._redraw(env)
+        if drawn_miss is not None:
+            return self._locate(0, drawn_miss), 0, None
         observation, _info = env.reset(seed=self.ep.ref.seed)
         instruction = find_task_method(env, "demo_instruction")
         if instruction is not None:
@@ -436,6 +439,20 @@ class EpisodeReplay:
                 plan.next_action()
             self._observe(t + 1, recorder, observation)
         return self._first_divergence(ended_early, success_miss), self._mismatched(), self._expert_note(plan)
+
+    def _redraw(self, env: Any) -> _Miss | None:
+        """Draw the episode's randomized scene again from its seed (before the reset, as generation did) and
+        check it is the one the episode recorded."""
+        recorded = self.ep.record.get("randomization")
+        randomize = find_task_method(env, "demo_randomize")
+        drawn = randomize(self.ep.ref.seed) if randomize is not None else None
+        if drawn == recorded:
+            return None
+        detail = ("the task draws no randomization, the episode recorded one" if drawn is None else
+                  "the episode recorded no randomization, the task draws one" if recorded is None else
+                  "the scene drawn from the episode's seed differs from the recorded one in "
+                  + ", ".join(k for k in sorted(set(drawn) | set(recorded)) if drawn.get(k) != recorded.get(k)))
+        return _Miss("randomization", "randomization", None, None, None, None, detail)
 
     def _check_success(self, success_fn: Callable[..., Any] | None, view: Any) -> _Miss | None:
         recorded = bool(self.ep.record.get("success", True))

@@ -19,6 +19,9 @@ Optional task methods (all looked up the same way):
 - ``demo_select_episode(episode_index) -> str | None``: called before each attempt's reset with the job's
   episode index. A suite (several tasks in one job, ``pipeline/tasks/suite.py``) becomes the member task that
   owns the index and returns its name, which the episode records as its task.
+- ``demo_randomize(seed) -> Mapping | None``: called before each attempt's reset (after
+  ``demo_select_episode``) with the attempt's seed; redraws the scene (``pipeline/tasks/randomization.py``)
+  and returns the drawn values, which the episode records (JSON-safe).
 
 A reactive expert (observation -> action) becomes segments through ``pipeline/reactive.py``.
 """
@@ -237,6 +240,7 @@ class EpisodeResult:
     duration_s: float = 0.0
     driver: str | None = None  # who drove (stages/control.py), None: the expert, with nothing else recorded
     interventions: int = 0  # the expert's takeovers of a policy
+    randomization: Mapping[str, Any] | None = None  # what demo_randomize drew for this attempt
 
     @property
     def succeeded(self) -> bool:
@@ -273,7 +277,8 @@ class EpisodeResult:
                 "timings": {"duration_s": self.duration_s},
                 "segments": [s.to_record() for s in self.segments],
                 # Only for controlled jobs: an expert-only record is unchanged.
-                **({"driver": self.driver, "interventions": self.interventions} if self.driver else {})}
+                **({"driver": self.driver, "interventions": self.interventions} if self.driver else {}),
+                **({"randomization": dict(self.randomization)} if self.randomization is not None else {})}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> EpisodeResult:
@@ -291,7 +296,8 @@ class EpisodeResult:
                    instruction=record.get("instruction"), error=record.get("error"),
                    error_type=record.get("error_type"),
                    duration_s=float((record.get("timings") or {}).get("duration_s", 0.0)),
-                   driver=record.get("driver"), interventions=int(record.get("interventions") or 0))
+                   driver=record.get("driver"), interventions=int(record.get("interventions") or 0),
+                   randomization=record.get("randomization"))
 
 
 # ----------------------------------------------------------------------------------- task resolution

@@ -32,6 +32,7 @@ from demoforge.stages.contract import (
     TaskProtocolError,
     TerminalReason,
     as_bool_verdict,
+    check_json_safe,
     check_action,
     default_hold_action,
     find_task_method,
@@ -154,6 +155,16 @@ def _check_recorded(rec: Any, shapes: _Shapes, cameras: Mapping[str, CameraSpec]
 # ------------------------------------------------------------------------------------------- attempt
 
 
+def _draw_randomization(att: _Attempt, randomize: Callable[..., Any], seed: int) -> Mapping[str, Any] | None:
+    drawn = att._task_call("demo_randomize", randomize, seed)
+    if drawn is None:
+        return None
+    if not isinstance(drawn, Mapping):
+        raise TaskProtocolError(f"demo_randomize returned {type(drawn).__name__}; expected a mapping or None")
+    check_json_safe(drawn, "demo_randomize's drawn values")
+    return drawn
+
+
 class _Attempt:
     """One attempt's cursor: the plan, the current segment's actions, the counters and the results."""
 
@@ -177,6 +188,7 @@ class _Attempt:
         self.segments: list[SegmentResult] = []
         self.recorded: RecordedObservation | None = None
         self.instruction: str | None = None
+        self.randomization: Mapping[str, Any] | None = None
         self.result: EpisodeResult | None = None
         self._record = find_task_method(env, "demo_record") or default_record
         self._success = find_task_method(env, "demo_success")
@@ -327,7 +339,8 @@ class _Attempt:
             error_type=type(error).__name__ if error else None,
             duration_s=time.perf_counter() - self.started,
             driver=self.control_spec.describe() if self.control_spec is not None else None,
-            interventions=self.control.interventions if self.control is not None else 0)
+            interventions=self.control.interventions if self.control is not None else 0,
+            randomization=self.randomization)
 
     def fail(self, error: DemoError) -> None:
         error.locate(**self.where())
@@ -529,6 +542,9 @@ class Executor:
             select = find_task_method(att.env, "demo_select_episode")
             if select is not None:  # a suite: become the member this episode belongs to, named as its task
                 att.task = str(att._task_call("demo_select_episode", select, key.episode_index) or self.task)
+            randomize = find_task_method(att.env, "demo_randomize")
+            if randomize is not None:  # before the reset, so its first frame shows the drawn scene
+                att.randomization = _draw_randomization(att, randomize, seed)
             try:
                 obs, _info = self.rows.reset_row(row, seed)
             except DemoError:

@@ -203,12 +203,24 @@ def _base_name(name: str) -> str:
     return head if head and tail.isdigit() else name
 
 
+def _randomization_lines(result: Inspection) -> list[str]:
+    """One line per set of randomized axes (the drawn values are in each episode's record, ``--json``)."""
+    counts: dict[str, int] = {}
+    for record in result.episodes:
+        drawn = record.get("randomization")
+        if drawn:
+            key = ", ".join(drawn.get("axes", [])) or "nothing"
+            counts[key] = counts.get(key, 0) + 1
+    return [f"randomized: {axes} ({n} episodes; drawn values in --json)" for axes, n in sorted(counts.items())]
+
+
 def describe(result: Inspection) -> str:
     data = result.to_json()
     lines = [f"{data['kind']} {data['source']}: {data['episodes']} episodes, {data['frames']} frames; "
              f"episode length min/mean/max {data['episode_length']['min']}/{data['episode_length']['mean']}/"
              f"{data['episode_length']['max']}",
              "outcomes: " + (", ".join(f"{k}={v}" for k, v in sorted(data["outcomes"].items())) or "none"),
+             *_randomization_lines(result),
              f"{'segment':<24}{'count':>7}{'min':>6}{'median':>8}{'mean':>8}{'max':>6}  failures"]
     for name, s in data["segments"].items():
         failures = ", ".join(f"{k} x{v}" for k, v in s["failures"].items()) or "-"

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
-from demoforge.pipeline.tasks.registry import DEFAULT_TASK
+from demoforge.pipeline.tasks.registry import DEFAULT_TASK, TaskOptionError
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -47,6 +47,25 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
                    help="attempts per episode before it is abandoned (failed attempts are discarded)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a task option, e.g. --option cycles=2 (see `demoforge tasks`)")
+    add_randomize_option(p)
+
+
+def add_randomize_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--randomize", default=None, metavar="AXES",
+                   help="redraw the scene before every attempt, from its seed: comma-separated axes among "
+                        "lighting, colors, camera, physics, init (or all the task supports); ranges are task "
+                        "options such as --option randomize.camera.pos=0.03 (see `demoforge tasks NAME`); "
+                        "the drawn values are recorded with each episode. Default: off (the task's own scene)")
+
+
+def task_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--option`` items, with ``--randomize`` as the task option ``randomize``."""
+    options = parse_options(args.option)
+    if getattr(args, "randomize", None) is not None:
+        if "randomize" in options:
+            raise TaskOptionError("give the axes once: --randomize or --option randomize=..., not both")
+        options["randomize"] = args.randomize
+    return options
 
 
 def add_control_options(p: argparse.ArgumentParser, *, driver_required: bool = False) -> None:
@@ -90,7 +109,7 @@ def parse_options(items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"demoforge: --option expects KEY=VALUE, got {item!r}")
+            raise TaskOptionError(f"--option expects KEY=VALUE, got {item!r}")
         try:
             options[key] = json.loads(raw)
         except json.JSONDecodeError:

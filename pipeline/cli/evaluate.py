@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from demoforge.pipeline.cli.common import EXIT_OK, add_command, make_console, parse_options
+from demoforge.pipeline.cli.common import EXIT_OK, add_command, add_randomize_option, make_console, task_options
 from demoforge.pipeline.workers.config import ExecutorConfig
 
 # Imported where used: the job runner (zarr, PyAV, the simulators), which `demoforge --help` need not load.
@@ -29,6 +29,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
                         "(default: 0)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a task option, e.g. --option full_state=true (default: the task's)")
+    add_randomize_option(p)
     p.add_argument("--executor", choices=["thread", "process"], default="thread",
                    help="where the episodes run (default: thread)")
     p.add_argument("--workers", type=int, default=1, help="parallel env workers (default: 1)")
@@ -55,7 +56,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             last[0] = stats.total_committed
             err.print(f"eval: {stats.total_committed}/{stats.target} episodes", markup=False)
 
-    report = evaluate(args.task, args.driver, args.episodes, seed=args.seed, task_options=parse_options(args.option),
+    report = evaluate(args.task, args.driver, args.episodes, seed=args.seed, task_options=task_options(args),
                       executor=executor, store=args.store, on_progress=on_progress,
                       on_event=lambda line: err.print(line, markup=False))
     out = make_console()

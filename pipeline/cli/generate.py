@@ -18,7 +18,7 @@ from demoforge.pipeline.cli.common import (
     add_job_options,
     control_spec,
     make_console,
-    parse_options,
+    task_options,
 )
 from demoforge.pipeline.export_child import DEFAULT_PROGRESS_TIMEOUT_S, export_in_child
 from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED, JobSpec, VideoSettings
@@ -86,7 +86,7 @@ def _job_spec(args: argparse.Namespace) -> JobSpec:
     video = VideoSettings(codec=args.codec, crf=args.crf, g=args.gop, encoder_threads=args.encoder_threads)
     # Remote workers are counted by the executor's config (up to 1024); env threads by the job (up to 64).
     threads = args.workers if args.executor == "thread" else 1
-    return JobSpec(task=args.task, episodes=args.episodes, task_options=parse_options(args.option),
+    return JobSpec(task=args.task, episodes=args.episodes, task_options=task_options(args),
                    seed=args.seed, max_attempts=args.max_attempts, workers=threads, num_envs=args.num_envs,
                    video=video, queue_frames=args.queue_frames, step_timeout_s=args.step_timeout or None,
                    max_consecutive_abandoned=args.max_consecutive_abandoned, control=control_spec(args))

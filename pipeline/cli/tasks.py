@@ -12,7 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from demoforge.pipeline.cli.common import EXIT_FAIL, EXIT_OK, add_command, add_job_options, make_console, parse_options
+from demoforge.pipeline.cli.common import EXIT_FAIL, EXIT_OK, add_command, add_job_options, make_console, task_options
+from demoforge.pipeline.tasks.randomization import RANDOMIZE, RANGES
 from demoforge.pipeline.tasks.registry import TaskDefinitionError, get_task, plugin_failures, task_names
 from demoforge.stages.records import AttemptEnded, EpisodeLayout
 
@@ -44,7 +45,8 @@ def _task_row(name: str) -> dict[str, Any]:
             "action_shape": list(info.action_shape),
             "state_shapes": {k: list(v) for k, v in info.state_shapes.items()},
             "segments": list(info.segment_names), "labels_any_state": info.labels_any_state,
-            "options": entry.resolve_options()}  # every option (the fingerprint leaves some defaults out)
+            "options": entry.resolve_options(),  # every option (the fingerprint leaves some defaults out)
+            "randomization_axes": list(entry.randomization.axes()) if entry.randomization is not None else []}
 
 
 def _segment_summary(names: Sequence[str]) -> str:
@@ -102,6 +104,12 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def entry_limit(task: str, key: str) -> float:
+    """The largest value ``task`` accepts for randomization option ``key``."""
+    scene = get_task(task).randomization
+    return scene.limit(key) if scene is not None else RANGES[key].limit
+
+
 def _print_task(row: dict[str, Any], *, json_out: bool) -> int:
     if json_out:
         print(json.dumps(row, indent=2))
@@ -119,8 +127,14 @@ def _print_task(row: dict[str, Any], *, json_out: bool) -> int:
                   markup=False)
     segments = list(dict.fromkeys(row["segments"]))
     console.print(f"segments ({len(segments)}): " + " ".join(segments), markup=False)
+    axes = row["randomization_axes"]
+    console.print(f"randomization: --randomize {','.join(axes)} (any of them)" if axes else
+                  "randomization: none (the task declares no scene to vary)", markup=False)
     for key, value in row["options"].items():
-        console.print(f"option {key} = {json.dumps(value)}  (--option {key}=...)", markup=False)
+        if key.startswith(RANDOMIZE + ".") and key.split(".")[1] not in axes:
+            continue
+        meaning = f"  {RANGES[key].help}, at most {entry_limit(row['name'], key):g}" if key in RANGES else ""
+        console.print(f"option {key} = {json.dumps(value)}  (--option {key}=...){meaning}", markup=False)
     return EXIT_OK
 
 
@@ -129,7 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from demoforge.stages.executor import run_episodes
 
     entry = get_task(args.task)
-    options = parse_options(args.option)
+    options = task_options(args)
     info = entry.info(options)
     layout = EpisodeLayout(max(1, len(info.suite)))
     env = entry.build(options)

@@ -34,6 +34,7 @@ from gym_aloha.tasks.sim_end_effector import BimanualViperXEndEffectorTask  # no
 from gymnasium.wrappers import TimeLimit  # noqa: E402
 
 from demoforge.pipeline.tasks.mujoco_gl import GL_LOCK  # noqa: E402
+from demoforge.pipeline.tasks.randomization import SceneRandomization  # noqa: E402
 from demoforge.pipeline.tasks.registry import (  # noqa: E402
     CameraSpec,
     TaskEntry,
@@ -524,5 +525,10 @@ def make_env(options: Mapping[str, Any]) -> gym.Env:
     return AlohaTransferCube(options)
 
 
+SCENE = SceneRandomization(
+    model=lambda env: env.get_wrapper_attr("physics").model.ptr,
+    color_groups={"table": ("table",), "robot": ("vx300s_*",), "objects": ("box",)},
+    cameras=(CAMERA,), bodies=("box",))
+
 register(TaskEntry(name=TASK_NAME, defaults=DEFAULTS, describe=describe, make_env=make_env,
-                   check=check_options))
+                   check=check_options, randomization=SCENE))

@@ -20,7 +20,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from demoforge.pipeline.tasks.mujoco_gl import DepthCamera, close_renderer, own_context
+from demoforge.pipeline.tasks.mujoco_gl import GL_LOCK, DepthCamera, close_renderer, own_context
+from demoforge.pipeline.tasks.randomization import SceneRandomization, unwrapped_model
 from demoforge.pipeline.tasks.registry import (
     CameraSpec,
     TaskEntry,
@@ -42,6 +43,7 @@ DEFAULTS: Mapping[str, Any] = {"cycles": 3, "image_size": 224, **ADDED_OPTIONS}
 CYCLES_RANGE = (1, 20)
 IMAGE_SIZE_RANGE = (32, 1024)
 PHASES = ("reach", "descend", "grasp", "carry", "release")
+OBJ_RANGE = 0.15  # FetchPickAndPlace-v4's: the cube starts within +-15 cm of the gripper (x and y)
 
 # A free camera facing the robot across the table, near enough that the 5 cm cube is clearly visible at
 # 224x224 anywhere it can start, looking down steeply enough that the raised gripper hides little of the
@@ -396,5 +398,26 @@ def make_env(options: Mapping[str, Any]) -> FetchPickPlace:
     return FetchPickPlace(env, cycles, depth=bool(options["depth"]))
 
 
+def _free_camera(env: gym.Env) -> Any:
+    """The free camera the front view is rendered from (the env's offscreen viewer's, made now if need be)."""
+    renderer = env.unwrapped.mujoco_renderer  # type: ignore[attr-defined]
+    with GL_LOCK:
+        return renderer._get_viewer(render_mode="rgb_array").cam  # noqa: SLF001 (gymnasium's only handle)
+
+
+def _widen_object_range(env: gym.Env, scale: float) -> dict[str, Any]:
+    """gymnasium-robotics places the cube uniformly within +-obj_range of the gripper's start; widen it."""
+    fetch = env.unwrapped
+    fetch.obj_range = OBJ_RANGE * scale  # type: ignore[attr-defined]
+    return {"obj_range": OBJ_RANGE * scale}
+
+
+SCENE = SceneRandomization(
+    model=unwrapped_model,
+    color_groups={"table": ("table0",), "floor": ("floor0", "world"), "robot": ("robot0:*",),
+                  "objects": ("object0",)},
+    free_camera=_free_camera, bodies=("object0",), init=_widen_object_range,
+    limits={"randomize.init.scale": 1.5})  # beyond +-22 cm the cube can start at the table's far edge
+
 ENTRY = register(TaskEntry(name=TASK_NAME, defaults=DEFAULTS, describe=describe, make_env=make_env,
-                           check=check))
+                           check=check, randomization=SCENE))

@@ -37,6 +37,7 @@ import numpy as np
 from demoforge.pipeline.reactive import Phase, ReturnBranch, reactive_segments
 from demoforge.pipeline.tasks.metaworld_phases import PHASES, ExpertPhases
 from demoforge.pipeline.tasks.mujoco_gl import DepthCamera, close_renderer, render_rgb
+from demoforge.pipeline.tasks.randomization import SceneRandomization, unwrapped_model
 from demoforge.pipeline.tasks.registry import (
     CameraSpec,
     TaskDefinitionError,
@@ -265,6 +266,7 @@ class MetaWorldTask(gym.Wrapper):
 
         self._camera_ids = [int(mujoco.mj_name2id(sawyer.model, mujoco.mjtObj.mjOBJ_CAMERA, c)) for c in cameras]
         self._cameras = cameras
+        self.recorded_cameras = tuple(cameras)
         self._depth = DepthCamera(sawyer.model, size, size) if options["depth"] else None
         self._last: Any = None
         self._full_state = bool(options["full_state"])
@@ -331,9 +333,21 @@ def _as_lerobot_returns(image: np.ndarray, camera: str) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------- registry
+# Root bodies of every Meta-World v3 scene: the Sawyer ("base"), its mocap, the table and the wall; the rest
+# are the task's objects (a block, a door, a drawer...).
+_SCENE_ROOTS = ("base", "mocap", "tablelink", "RetainingWall", "world")
+OBJECTS = ("*",) + tuple(f"!{root}" for root in _SCENE_ROOTS)
+SCENE = SceneRandomization(
+    model=unwrapped_model,
+    color_groups={"table": ("tablelink",), "floor": ("world",), "walls": ("RetainingWall",), "robot": ("base",),
+                  "objects": OBJECTS},
+    cameras=lambda env: env.get_wrapper_attr("recorded_cameras"),
+    bodies=OBJECTS)
+
+
 def _entry(env: str) -> TaskEntry:
     return TaskEntry(name=PREFIX + env, defaults=DEFAULTS, describe=lambda options: _describe(env, options),
-                     make_env=lambda options: MetaWorldTask(env, options), check=check)
+                     make_env=lambda options: MetaWorldTask(env, options), check=check, randomization=SCENE)
 
 
 def _suite_entry(suite: str) -> TaskEntry:
@@ -341,7 +355,7 @@ def _suite_entry(suite: str) -> TaskEntry:
     return TaskEntry(name=PREFIX + suite, defaults=DEFAULTS, describe=lambda options: _describe_suite(suite, options),
                      make_env=lambda options: TaskSuiteEnv(
                          members, lambda member: MetaWorldTask(member.removeprefix(PREFIX), options)),
-                     check=check)
+                     check=check, randomization=SCENE)
 
 
 ENTRIES = tuple(register(_entry(env)) for env in env_names()) + \

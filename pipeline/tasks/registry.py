@@ -22,6 +22,15 @@ from typing import Any
 import gymnasium as gym
 
 from demoforge.pipeline.environment import prepare_process
+from demoforge.pipeline.tasks.randomization import (
+    RANDOMIZE,
+    RandomizationError,
+    RandomizedScene,
+    SceneRandomization,
+    check_options,
+    enabled_axes,
+    option_defaults,
+)
 from demoforge.storage.names import SAFE_NAME, TaskDefinitionError, check_name  # noqa: F401  (the task API's)
 from demoforge.storage.schema import (  # the one camera description (tasks, fingerprint, staging, export)
     CAMERA_KINDS,
@@ -127,15 +136,26 @@ class TaskEntry:
     describe: Callable[[Mapping[str, Any]], TaskInfo]
     make_env: Callable[[Mapping[str, Any]], gym.Env]
     check: Callable[[Mapping[str, Any]], None] | None = None
+    # What a MuJoCo task lets vary per episode (pipeline/tasks/randomization.py); None: nothing
+    randomization: SceneRandomization | None = None
+
+    @property
+    def all_defaults(self) -> dict[str, Any]:
+        """The task's own options and, for a randomizable task, the randomization options (off)."""
+        return {**self.defaults, **(option_defaults() if self.randomization is not None else {})}
 
     def resolve_options(self, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Defaults overlaid with ``options``; unknown keys or values of the wrong type are refused."""
-        merged = dict(self.defaults)
+        defaults = self.all_defaults
+        merged = dict(defaults)
         for key, value in (options or {}).items():
-            if key not in self.defaults:
+            if key not in defaults and key.split(".")[0] == RANDOMIZE:
+                raise TaskOptionError(f"task {self.name!r} cannot be randomized (it declares no scene to vary: "
+                                      "docs/randomization.md says how a task does)")
+            if key not in defaults:
                 raise TaskOptionError(f"task {self.name!r} has no option {key!r}; known options: "
                                       f"{', '.join(sorted(self.defaults)) or 'none'}")
-            default = self.defaults[key]
+            default = defaults[key]
             if isinstance(default, bool) != isinstance(value, bool) or (
                     not isinstance(value, type(default)) and not (isinstance(default, float)
                                                                    and isinstance(value, int))):
@@ -144,16 +164,31 @@ class TaskEntry:
             merged[key] = float(value) if isinstance(default, float) else value
         if self.check is not None:
             self.check(merged)
+        if self.randomization is not None:
+            try:
+                check_options(merged, self.randomization, self.name)
+            except RandomizationError as exc:
+                raise TaskOptionError(str(exc)) from None
         return merged
 
     def info(self, options: Mapping[str, Any] | None = None) -> TaskInfo:
-        """The task's description for these options, checked: safe names, sizes within the job limits."""
-        return check_task_info(self.describe(self.resolve_options(options)))
+        """The task's description for these options, checked: safe names, sizes within the job limits.
+
+        Randomization options at their defaults are left out of ``options`` (and so of job fingerprints):
+        stores written before a task could be randomized resume unchanged."""
+        info = self.describe(self.resolve_options(options))
+        if self.randomization is not None:
+            info = replace(info, options=fingerprint_options(info.options, option_defaults()))
+        return check_task_info(info)
 
     def build(self, options: Mapping[str, Any] | None = None) -> gym.Env:
         prepare_process()  # before the task's simulator opens a GL context or an encoder starts
         self.info(options)  # refuse an unsafe or oversized description before the env allocates anything
-        return self.make_env(self.resolve_options(options))
+        resolved = self.resolve_options(options)
+        env = self.make_env(resolved)
+        if self.randomization is not None and enabled_axes(resolved, self.randomization):
+            env = RandomizedScene(env, self.randomization, resolved)
+        return env
 
 
 # Built-in tasks are imported on first use: each pulls in a simulator.
