@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from demoforge.pipeline.rerender_spec import RerenderSpec
 from demoforge.pipeline.tasks.registry import TaskInfo, get_task
 from demoforge.stages.control import ControlError, ControlSpec, check_control, control_features
 from demoforge.stages.records import EpisodeLayout
@@ -35,6 +36,9 @@ class JobSpec:
     # stop when this many episodes in a row were abandoned (0: never); not in the fingerprint
     max_consecutive_abandoned: int = DEFAULT_MAX_CONSECUTIVE_ABANDONED
     control: ControlSpec | None = None  # noise, a driving policy, beta, takeover (stages/control.py)
+    # Re-simulate a recorded job's episodes (pipeline/rerender.py): ``episodes`` is sources x variants, each
+    # index is run once, in order, and an episode that cannot be rerendered is reported, never replaced
+    rerender: RerenderSpec | None = None
 
     def __post_init__(self) -> None:
         checks = {"episodes": (self.episodes, 0, 10_000_000), "max_attempts": (self.max_attempts, 1, 1000),
@@ -70,7 +74,7 @@ class JobSpec:
 
     def layout(self, info: TaskInfo) -> EpisodeLayout:
         """How the job's episode indices divide among its tasks (a suite's members), checked against ``episodes``."""
-        layout = EpisodeLayout(max(1, len(info.suite)))
+        layout = EpisodeLayout(max(1, len(info.suite)) if self.rerender is None else 1)
         if layout.groups > 1 and self.episodes > EpisodeLayout.STRIDE:
             raise JobConfigError(f"a suite job asks for at most {EpisodeLayout.STRIDE:,} episodes of each of its "
                                  f"tasks, got {self.episodes:,} ({info.name!r} has {layout.groups} tasks)")
@@ -94,4 +98,5 @@ class JobSpec:
                                          **control_features(self.control, tuple(info.action_shape))},
                            action_shape=tuple(info.action_shape), video=self.video.identity(), seed=self.seed,
                            chunk_frames=self.chunk_frames, depth_video=depth,
-                           control=self.control.to_json() if self.control is not None else None)
+                           control=self.control.to_json() if self.control is not None else None,
+                           rerender=self.rerender.to_json() if self.rerender is not None else None)

@@ -181,6 +181,12 @@ def _compare(name: str, recorded: Any, replayed: Any, tol: Tolerance,
                  f"*|recorded|)")
 
 
+def difference(name: str, recorded: Any, replayed: Any, tol: Tolerance) -> str | None:
+    """Why ``replayed`` is not ``recorded`` within ``tol`` (as float32, as stored), or None when it is."""
+    miss = _compare(name, recorded, replayed, tol, {})
+    return miss.detail if miss is not None else None
+
+
 class _Plan:
     """The task's plan, walked as the executor walks it (the same :class:`SegmentCursor`); any failure of the
     task's code only stops it being followed."""
@@ -445,7 +451,9 @@ class EpisodeReplay:
         check it is the one the episode recorded."""
         recorded = self.ep.record.get("randomization")
         randomize = find_task_method(env, "demo_randomize")
-        drawn = randomize(self.ep.ref.seed) if randomize is not None else None
+        variant = int((recorded or {}).get("variant", 0))  # a rerender's appearance variant
+        drawn = None if randomize is None else randomize(self.ep.ref.seed, variant) if variant else \
+            randomize(self.ep.ref.seed)
         if drawn == recorded:
             return None
         detail = ("the task draws no randomization, the episode recorded one" if drawn is None else

@@ -27,6 +27,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from demoforge.pipeline.environment import prepare_process
 from demoforge.pipeline.faults import stage_delays
 from demoforge.pipeline.job import JobSpec
+from demoforge.pipeline.rerender import build_job_env
 from demoforge.pipeline.tasks.registry import get_task
 from demoforge.pipeline.workers.config import ExecutorConfig
 from demoforge.pipeline.workers.driver import RemoteExecutor, WorkerCount
@@ -180,8 +181,9 @@ class JobRunner:
         store = await anyio.to_thread.run_sync(JobStore.open, self.store_dir, spec.fingerprint(info))
         try:
             resume = store.catalog.resume_state()
-            planner = self._planner = EpisodePlanner(spec.episodes, resume, spec.max_attempts,
-                                                     spec.max_consecutive_abandoned, self.layout)
+            planner = self._planner = EpisodePlanner(
+                spec.episodes, resume, spec.max_attempts, spec.max_consecutive_abandoned, self.layout,
+                index_limit=spec.episodes if spec.rerender is not None else None)
             self._token = anyio.lowlevel.current_token()
             self._loop_thread = threading.get_ident()
             stats = self.stats
@@ -234,7 +236,7 @@ class JobRunner:
                                             num_envs=spec.num_envs, cameras=info.cameras,
                                             step_timeout_s=spec.step_timeout_s, send_batch=max(1, q // 4),
                                             control=spec.control, make_policy=self.make_policy)
-                        make_env = functools.partial(self.entry.build, spec.task_options)
+                        make_env = functools.partial(build_job_env, self.entry, spec.task_options, spec.rerender)
                         for worker in range(spec.workers):
                             tg.start_soon(step_stage, worker, make_env, step, assign_recv.clone(), step_send.clone(),
                                           context)

@@ -19,6 +19,8 @@ Optional task methods (all looked up the same way):
 - ``demo_select_episode(episode_index) -> str | None``: called before each attempt's reset with the job's
   episode index. A suite (several tasks in one job, ``pipeline/tasks/suite.py``) becomes the member task that
   owns the index and returns its name, which the episode records as its task.
+- ``demo_attempt_seed(episode_index) -> int``: the seed of the attempt (after ``demo_select_episode``), instead
+  of the one derived from the job seed; a task that plays recorded episodes back (rerender) keeps theirs.
 - ``demo_randomize(seed) -> Mapping | None``: called before each attempt's reset (after
   ``demo_select_episode``) with the attempt's seed; redraws the scene (``pipeline/tasks/randomization.py``)
   and returns the drawn values, which the episode records (JSON-safe).

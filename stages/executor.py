@@ -542,6 +542,9 @@ class Executor:
             select = find_task_method(att.env, "demo_select_episode")
             if select is not None:  # a suite: become the member this episode belongs to, named as its task
                 att.task = str(att._task_call("demo_select_episode", select, key.episode_index) or self.task)
+            fixed_seed = find_task_method(att.env, "demo_attempt_seed")
+            if fixed_seed is not None:  # a task that plays recorded episodes back (rerender) keeps their seeds
+                seed = att.seed = int(att._task_call("demo_attempt_seed", fixed_seed, key.episode_index))
             randomize = find_task_method(att.env, "demo_randomize")
             if randomize is not None:  # before the reset, so its first frame shows the drawn scene
                 att.randomization = _draw_randomization(att, randomize, seed)

@@ -95,6 +95,10 @@ class EpisodeSource:
     def load(self, ref: EpisodeRef) -> RecordedEpisode:
         raise NotImplementedError
 
+    def header(self, ref: EpisodeRef) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
+        """The episode's result record and the task options it was generated with, without reading frames."""
+        raise NotImplementedError
+
     def camera_frames(self, episode: RecordedEpisode, camera: str) -> list[np.ndarray]:
         """The stored video of one camera of one episode, decoded to (H, W, 3) uint8 frames."""
         raise NotImplementedError
@@ -167,6 +171,9 @@ class StoreSource(EpisodeSource):
         return RecordedEpisode(ref=ref, task_options=self.schema.task_options, record=dict(row.record or {}),
                                state=staged.state, action=staged.action, reward=staged.reward,
                                annotations=staged.annotations, videos=staged.video)
+
+    def header(self, ref: EpisodeRef) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
+        return dict(self._rows[ref.number].record or {}), self.schema.task_options
 
     def camera_frames(self, episode: RecordedEpisode, camera: str) -> list[np.ndarray]:
         return list(decode_frames(episode.videos[camera]))
@@ -287,6 +294,11 @@ class DatasetSource(EpisodeSource):
         options = record.get("task_options")
         return RecordedEpisode(ref=ref, task_options=dict(options) if isinstance(options, dict) else None,
                                record=record, state=state, action=action, reward=reward, annotations=annotations)
+
+    def header(self, ref: EpisodeRef) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
+        record = self._sidecar[ref.number]
+        options = record.get("task_options")
+        return record, dict(options) if isinstance(options, dict) else None
 
     def camera_frames(self, episode: RecordedEpisode, camera: str) -> list[np.ndarray]:
         return self._camera_span(episode, camera, "rgb24")

@@ -145,6 +145,8 @@ class Fingerprint:
     depth_video: DepthVideoIdentity | None = None  # set exactly when a camera is a depth camera
     # How attempts were driven (stages/control.py ControlSpec.to_json), None when the expert drove alone
     control: Mapping[str, Any] | None = None
+    # A rerender job's source and variants (pipeline/rerender.py RerenderSpec.to_json), None for generate
+    rerender: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, exactly as stores have always recorded it (tuples as lists)."""
@@ -157,6 +159,8 @@ class Fingerprint:
             raw["depth_video"] = self.depth_video.to_json()
         if self.control is not None:  # absent for expert-only jobs, as before
             raw["control"] = dict(self.control)
+        if self.rerender is not None:  # absent for generate jobs
+            raw["rerender"] = dict(self.rerender)
         return json.loads(json.dumps(raw, sort_keys=True))
 
     def to_json(self) -> str:
@@ -177,7 +181,7 @@ class Fingerprint:
         wanted = ("schema_version", "task", "task_options", "fps", "cameras", "state_shapes", "action_shape",
                   "video", "seed", "chunk_frames")
         missing = [k for k in wanted if k not in data]
-        extra = sorted(set(data) - set(wanted) - {"depth_video", "control"})
+        extra = sorted(set(data) - set(wanted) - {"depth_video", "control", "rerender"})
         if missing or extra:
             raise FingerprintError("the store's job fingerprint was written by another version or program: "
                                    + "; ".join([*(f"field {k!r} is missing" for k in missing),
@@ -230,13 +234,23 @@ class Fingerprint:
                    video=VideoIdentity(codec=str(video["codec"]), crf=video["crf"], preset=video["preset"],
                                        g=integer("video", video["g"], 1), pix_fmt=str(video["pix_fmt"])),
                    seed=integer("seed", data["seed"]), chunk_frames=integer("chunk_frames", data["chunk_frames"], 1),
-                   depth_video=depth_video, control=_control_field(data.get("control")))
+                   depth_video=depth_video, control=_control_field(data.get("control")),
+                   rerender=_rerender_field(data.get("rerender")))
 
     def differences(self, other: Fingerprint) -> list[str]:
         """Each differing field, as 'field: store has X, this job has Y' (self is the store's)."""
         mine, theirs = self.to_dict(), other.to_dict()
         return [f"{k}: store has {mine.get(k)!r}, this job has {theirs.get(k)!r}"
                 for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+
+
+def _rerender_field(value: object) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) != {"source", "variants"} or \
+            not isinstance(value["source"], str) or not isinstance(value["variants"], int):
+        raise FingerprintError(f"the store's job fingerprint has a bad 'rerender' field, got {value!r}"[:400])
+    return dict(value)
 
 
 def _control_field(value: object) -> Mapping[str, Any] | None:

@@ -175,7 +175,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not report.complete:
         out.print(f"re-run the same command to resume: {report.target - report.committed_total} episode(s) to go")
     elif args.export is not None:
-        return _export_in_child(args.store, args.export, args.repo_id, args.export_timeout)
+        return export_after_job(args.store, args.export, args.repo_id, args.export_timeout)
     return EXIT_OK if report.complete or report.interrupted else EXIT_FAIL
 
 
@@ -187,7 +187,8 @@ def _workers_note(report: Any) -> str:
     return f"; workers lost: {count.lost}, {count.running} of {count.wanted} running at the end"
 
 
-def _export_in_child(store: Path, out: Path, repo_id: str | None, progress_timeout_s: float) -> int:
+def export_after_job(store: Path, out: Path, repo_id: str | None, progress_timeout_s: float,
+                     command: str = "generate") -> int:
     """``generate --export``: the export runs as a watched child process (its memory is returned when it ends;
     one that stops making progress is ended, pipeline/export_child.py). Its own output is shown as it comes."""
     outcome = anyio.run(lambda: export_in_child(store, out, repo_id, progress_timeout_s=progress_timeout_s,
@@ -203,12 +204,12 @@ def _export_in_child(store: Path, out: Path, repo_id: str | None, progress_timeo
                                  f"episodes. The export process was ended because {outcome.stalled}{where}",
                                  markup=False)
             return EXIT_OK
-        err.print(f"demoforge generate: error: the export was ended because {outcome.stalled}{where}. The dataset "
+        err.print(f"demoforge {command}: error: the export was ended because {outcome.stalled}{where}. The dataset "
                   f"{out} stays at its last published version and the store is intact; {retry} (--export-timeout "
                   "sets how long an export may go without progress)", markup=False)
         return EXIT_FAIL
     if outcome.returncode < 0:
-        err.print(f"demoforge generate: error: the export process was {outcome.exit_text()}; the dataset {out} "
+        err.print(f"demoforge {command}: error: the export process was {outcome.exit_text()}; the dataset {out} "
                   f"stays at its last published version and the store is intact; {retry}", markup=False)
         return EXIT_FAIL
     return outcome.returncode

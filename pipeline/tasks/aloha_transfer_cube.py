@@ -525,10 +525,12 @@ def make_env(options: Mapping[str, Any]) -> gym.Env:
     return AlohaTransferCube(options)
 
 
+APPEARANCE = frozenset({"image_height", "image_width", "shadows", "depth"})  # options rerender may change
 SCENE = SceneRandomization(
     model=lambda env: env.get_wrapper_attr("physics").model.ptr,
     color_groups={"table": ("table",), "robot": ("vx300s_*",), "objects": ("box",)},
     cameras=(CAMERA,), bodies=("box",))
 
 register(TaskEntry(name=TASK_NAME, defaults=DEFAULTS, describe=describe, make_env=make_env,
-                   check=check_options, randomization=SCENE))
+                   check=check_options, randomization=SCENE,
+                     appearance_options=APPEARANCE))

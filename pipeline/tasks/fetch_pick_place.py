@@ -412,6 +412,7 @@ def _widen_object_range(env: gym.Env, scale: float) -> dict[str, Any]:
     return {"obj_range": OBJ_RANGE * scale}
 
 
+APPEARANCE = frozenset({"image_size", "depth"})  # options rerender may change
 SCENE = SceneRandomization(
     model=unwrapped_model,
     color_groups={"table": ("table0",), "floor": ("floor0", "world"), "robot": ("robot0:*",),
@@ -420,4 +421,5 @@ SCENE = SceneRandomization(
     limits={"randomize.init.scale": 1.5})  # beyond +-22 cm the cube can start at the table's far edge
 
 ENTRY = register(TaskEntry(name=TASK_NAME, defaults=DEFAULTS, describe=describe, make_env=make_env,
-                           check=check, randomization=SCENE))
+                           check=check, randomization=SCENE,
+                     appearance_options=APPEARANCE))

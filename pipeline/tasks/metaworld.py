@@ -337,6 +337,7 @@ def _as_lerobot_returns(image: np.ndarray, camera: str) -> np.ndarray:
 # are the task's objects (a block, a door, a drawer...).
 _SCENE_ROOTS = ("base", "mocap", "tablelink", "RetainingWall", "world")
 OBJECTS = ("*",) + tuple(f"!{root}" for root in _SCENE_ROOTS)
+APPEARANCE = frozenset({"camera", "image_size", "shadows", "depth"})  # options rerender may change
 SCENE = SceneRandomization(
     model=unwrapped_model,
     color_groups={"table": ("tablelink",), "floor": ("world",), "walls": ("RetainingWall",), "robot": ("base",),
@@ -347,7 +348,8 @@ SCENE = SceneRandomization(
 
 def _entry(env: str) -> TaskEntry:
     return TaskEntry(name=PREFIX + env, defaults=DEFAULTS, describe=lambda options: _describe(env, options),
-                     make_env=lambda options: MetaWorldTask(env, options), check=check, randomization=SCENE)
+                     make_env=lambda options: MetaWorldTask(env, options), check=check, randomization=SCENE,
+                     appearance_options=APPEARANCE)
 
 
 def _suite_entry(suite: str) -> TaskEntry:
@@ -355,7 +357,8 @@ def _suite_entry(suite: str) -> TaskEntry:
     return TaskEntry(name=PREFIX + suite, defaults=DEFAULTS, describe=lambda options: _describe_suite(suite, options),
                      make_env=lambda options: TaskSuiteEnv(
                          members, lambda member: MetaWorldTask(member.removeprefix(PREFIX), options)),
-                     check=check, randomization=SCENE)
+                     check=check, randomization=SCENE,
+                     appearance_options=APPEARANCE)
 
 
 ENTRIES = tuple(register(_entry(env)) for env in env_names()) + \

@@ -138,6 +138,8 @@ class TaskEntry:
     check: Callable[[Mapping[str, Any]], None] | None = None
     # What a MuJoCo task lets vary per episode (pipeline/tasks/randomization.py); None: nothing
     randomization: SceneRandomization | None = None
+    # Options that change only what is rendered (sizes, cameras, shadows, depth): what rerender may change
+    appearance_options: frozenset[str] = frozenset()
 
     @property
     def all_defaults(self) -> dict[str, Any]:

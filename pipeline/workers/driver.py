@@ -231,7 +231,8 @@ class RemoteExecutor:
         self.spec = WorkerSpec(task=spec.task, task_options=dict(info.options), job_seed=spec.seed,
                                max_attempts=spec.max_attempts, video=spec.video, cameras=tuple(info.cameras),
                                fps=info.fps, batch_frames=config.batch_frames,
-                               task_modules=task_modules_for(get_task(spec.task)), control=spec.control)
+                               task_modules=task_modules_for(get_task(spec.task)), control=spec.control,
+                               rerender=spec.rerender)
         self.on_event = on_event or (lambda _line: None)
         self.on_workers = on_workers or (lambda _count: None)
         self.workers: dict[int, WorkerHandle] = {}  # the ready ones, by slot

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from demoforge.pipeline.environment import WORKER_ENVIRONMENT
+from demoforge.pipeline.rerender_spec import RerenderSpec
 from demoforge.pipeline.workers.config import WorkerStartError
 from demoforge.stages.contract import EpisodeResult, TerminalReason
 from demoforge.stages.control import ControlSpec
@@ -73,6 +74,7 @@ class WorkerSpec:
     task_modules: tuple[str, ...] = ()  # imported before the task is looked up (plugins register tasks)
     environment: Mapping[str, str] = field(default_factory=lambda: dict(WORKER_ENVIRONMENT))
     control: ControlSpec | None = None  # who drives (stages/control.py)
+    rerender: RerenderSpec | None = None  # a rerender job's source (pipeline/rerender.py)
 
 
 def task_modules_for(task_entry: Any) -> tuple[str, ...]:
@@ -131,7 +133,9 @@ class EpisodeWorker:
         self._pools = {c.name: ThreadPoolExecutor(1, thread_name_prefix=f"encode-{c.name}") for c in spec.cameras}
 
     def _build(self) -> Any:
-        return self.entry.build(self.spec.task_options)
+        from demoforge.pipeline.rerender import build_job_env
+
+        return build_job_env(self.entry, self.spec.task_options, self.spec.rerender)
 
     def close(self) -> None:
         if self.env is not None:

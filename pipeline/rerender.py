@@ -1,0 +1,240 @@
+"""``demoforge rerender``: re-simulate recorded episodes and record new observations of them.
+
+A rerender is a job with a store, like ``generate``: the same stages, executors, resume and export. What differs
+is its task: :class:`RerenderedEpisodes` wraps the recorded task's env (built with the new appearance options)
+and, for job episode ``i``, plays the source episode ``i // variants`` back: the source's seed (reset and
+randomization), its segments with their recorded actions, its instruction. Every recorded observation is
+checked against the re-simulated one (replay's tolerances); the first that differs stops the episode, which is
+reported and never written. What a frame records is the source's own state and reward (so every non-video
+column is byte-identical) with the newly rendered images. Variant ``v > 0`` redraws the appearance axes of the
+task's randomization from (seed, v); physics and the initial state stay the episode's own.
+
+Only appearance may change: a task declares which of its options only change rendering
+(``TaskEntry.appearance_options``); anything else, or a physics or initial-state randomization, is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from demoforge.pipeline.replay import CONTROL_FEATURES, default_tolerance, difference
+from demoforge.pipeline.rerender_spec import RerenderSpec
+from demoforge.pipeline.tasks.randomization import APPEARANCE_AXES, RANDOMIZE, RANGES, parse_axes
+from demoforge.pipeline.tasks.registry import TaskEntry, get_task
+from demoforge.stages.contract import ObservationError, RecordedObservation, Segment, find_task_method
+
+
+class RerenderInputError(ValueError):
+    """The source cannot be rerendered as asked (unreadable, mixed jobs, a change that is not appearance)."""
+
+
+# ---------------------------------------------------------------------------------------------- the env
+class RerenderedEpisodes(gym.Wrapper):
+    """The task's env playing a recorded job's episodes back (see the module docstring)."""
+
+    def __init__(self, env: gym.Env, spec: RerenderSpec, task: str) -> None:
+        super().__init__(env)
+        self.rerender = spec
+        self.tolerance = default_tolerance(task)
+        self._source: Any = None
+        self._refs: list[Any] = []
+        self._episode: Any = None
+        self._variant = 0
+        self._frame = 0
+
+    def _open(self) -> None:
+        if self._source is None:
+            from demoforge.storage.episode_source import open_episode_source
+
+            self._source = open_episode_source(self.rerender.source)
+            self._refs = self._source.episodes()
+
+    def close(self) -> None:
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+        super().close()
+
+    # -- which episode
+    def demo_select_episode(self, episode_index: int) -> str:
+        self._open()
+        position, self._variant = self.rerender.locate(episode_index)
+        if not 0 <= position < len(self._refs):
+            raise ValueError(f"episode {episode_index} is beyond the source's {len(self._refs)} episodes")
+        self._episode = self._source.load(self._refs[position])
+        return str(self._episode.ref.task)
+
+    def demo_attempt_seed(self, episode_index: int) -> int:
+        return int(self._episode.ref.seed)
+
+    def demo_randomize(self, seed: int) -> Mapping[str, Any] | None:
+        inner = find_task_method(self.env, "demo_randomize")
+        drawn = inner(seed, self._variant) if inner is not None else None
+        recorded = self._episode.record.get("randomization") or {}
+        for axis in set(drawn or {}) | set(recorded):
+            if axis in ("lighting", "colors", "camera", "axes", "variant"):
+                continue
+            if (drawn or {}).get(axis) != recorded.get(axis):
+                raise ObservationError(f"the {axis} drawn from the episode's seed differs from the recorded one: "
+                                       "the task's randomization changed since it was recorded")
+        return drawn
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        self._frame = 0
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> Any:
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        t = self._frame - 1  # the frame whose action this was (demo_record counted it)
+        recorded = self._episode.reward[t]
+        why = difference("next.reward", recorded, reward, self.tolerance)
+        if why is not None:
+            raise ObservationError(f"the re-simulation diverged from the source at frame {t}: {why}")
+        return observation, float(recorded), terminated, truncated, info
+
+    # -- the plan: the recorded segments and actions
+    def create_demo_segments(self) -> Iterator[Segment]:
+        ep = self._episode
+        for seg in ep.record.get("segments", []):
+            start, end = int(seg["start_step"]), int(seg["end_step"])
+            yield Segment(actions=list(ep.action[start:end]), name=str(seg["name"]), target=seg.get("target"),
+                          instruction=seg.get("instruction"), metadata=dict(seg.get("metadata") or {}))
+
+    def demo_record(self, observation: Any) -> RecordedObservation:
+        inner = find_task_method(self.env, "demo_record")
+        replayed = inner(observation) if inner is not None else RecordedObservation(
+            state={"observation.state": np.asarray(observation)})
+        ep, t = self._episode, self._frame
+        state: dict[str, np.ndarray] = {}
+        for name, values in ep.state.items():
+            if name in CONTROL_FEATURES:
+                continue
+            if name not in replayed.state:
+                raise ObservationError(f"the task no longer records {name!r}")
+            why = difference(name, values[t], replayed.state[name], self.tolerance)
+            if why is not None:
+                raise ObservationError(f"the re-simulation diverged from the source at frame {t}: {why}")
+            state[name] = values[t]
+        self._frame += 1
+        return RecordedObservation(state=state, images=dict(replayed.images))
+
+    def demo_success(self, observation: Any, info: Mapping[str, Any]) -> Any:
+        inner = find_task_method(self.env, "demo_success")
+        return inner(observation, info) if inner is not None else None
+
+    def demo_instruction(self) -> str | None:
+        return self._episode.record.get("instruction")
+
+    def demo_hold_action(self) -> Any:
+        inner = find_task_method(self.env, "demo_hold_action")
+        return inner() if inner is not None else np.zeros(self.action_space.shape, dtype=np.float32)
+
+
+def build_job_env(entry: TaskEntry, options: Mapping[str, Any], rerender: RerenderSpec | None) -> gym.Env:
+    """A job's env: the task's, playing a recorded job back when the job is a rerender."""
+    env = entry.build(options)
+    return RerenderedEpisodes(env, rerender, entry.name) if rerender is not None else env
+
+
+# --------------------------------------------------------------------------------------------- planning
+@dataclass(frozen=True)
+class RerenderPlan:
+    """A checked rerender: the task and options to build, and how many source episodes there are."""
+
+    task: str
+    options: Mapping[str, Any]
+    sources: int
+    spec: RerenderSpec
+
+
+def _appearance(entry: TaskEntry, key: str) -> bool:
+    return key in entry.appearance_options or (key in RANGES and key.split(".")[1] in APPEARANCE_AXES)
+
+
+def plan_rerender(source: Path, overrides: Mapping[str, Any], variants: int) -> RerenderPlan:
+    """Read what ``source`` recorded and check that ``overrides`` change only appearance; raises
+    :class:`RerenderInputError` naming what cannot be done."""
+    from demoforge.pipeline.tasks.registry import TaskOptionError, UnknownTaskError
+    from demoforge.storage.episode_source import EpisodeSourceError, open_episode_source
+
+    try:
+        spec = RerenderSpec(str(Path(source).resolve()), variants)
+    except ValueError as exc:
+        raise RerenderInputError(str(exc)) from None
+    try:
+        opened = open_episode_source(source)
+    except EpisodeSourceError as exc:
+        raise RerenderInputError(str(exc)) from None
+    try:
+        refs = opened.episodes()
+        if not refs:
+            raise RerenderInputError(f"{source} has no committed episodes to rerender")
+        headers = [opened.header(ref) for ref in refs]
+    except EpisodeSourceError as exc:
+        raise RerenderInputError(str(exc)) from None
+    finally:
+        opened.close()
+    jobs = {(ref.task, _key(options)) for ref, (_, options) in zip(refs, headers)}
+    if len(jobs) > 1:
+        raise RerenderInputError(f"{source} holds episodes of {len(jobs)} different tasks or option sets: rerender "
+                                 "one job at a time (`demoforge edit --keep-where` selects one)")
+    task, recorded = refs[0].task, headers[0][1]
+    if recorded is None:
+        raise RerenderInputError(f"{source} does not record the task options it was generated with (exported by "
+                                 "an older demoforge): rerender its store, or re-export it")
+    driven = [ref.number for ref, (record, _) in zip(refs, headers) if record.get("driver")]
+    if driven:
+        raise RerenderInputError(f"{len(driven)} episode(s) of {source} were driven by noise or a policy (first: "
+                                 f"{driven[0]}): rerender replays expert-driven episodes only; select them with "
+                                 "`demoforge edit --keep-where 'driver == \"expert\"'`")
+    try:
+        entry = get_task(task)
+    except UnknownTaskError as exc:
+        raise RerenderInputError(f"cannot rebuild task {task!r}: {exc}") from None
+    if _suite(entry, recorded):
+        raise RerenderInputError(f"{task!r} is a suite: rerender one member task at a time")
+    changed = [k for k, v in overrides.items() if k != RANDOMIZE and recorded.get(k, entry.all_defaults.get(k)) != v]
+    physical = [k for k in changed if not _appearance(entry, k)]
+    if physical:
+        allowed = sorted(entry.appearance_options) + ["randomize.lighting.*", "randomize.colors.*",
+                                                      "randomize.camera.*"]
+        raise RerenderInputError(f"option {physical[0]!r} of {task!r} is not appearance (it could change the "
+                                 f"physics the episodes were recorded with); rerender may change: "
+                                 f"{', '.join(allowed)}")
+    options = {**recorded, **{k: v for k, v in overrides.items() if k != RANDOMIZE}}
+    if RANDOMIZE in overrides:
+        try:
+            before, added = parse_axes(str(recorded.get(RANDOMIZE, ""))), parse_axes(str(overrides[RANDOMIZE]))
+        except ValueError as exc:
+            raise RerenderInputError(str(exc)) from None
+        physics = [a for a in added if a not in APPEARANCE_AXES and a not in before]
+        if physics:
+            raise RerenderInputError(f"--randomize {physics[0]}: rerender may add appearance axes only "
+                                     f"({', '.join(sorted(APPEARANCE_AXES))}); {physics[0]} changes the physics")
+        options[RANDOMIZE] = ",".join(dict.fromkeys(before + added))
+    if variants > 1 and not (set(parse_axes(str(options.get(RANDOMIZE, "")))) & APPEARANCE_AXES):
+        raise RerenderInputError("--variants needs an appearance axis to vary (--randomize lighting,colors,camera)")
+    try:
+        entry.info(options)
+    except (TaskOptionError, ValueError) as exc:
+        raise RerenderInputError(f"{task!r} cannot be built with {dict(options)}: {exc}") from None
+    return RerenderPlan(task=task, options=options, sources=len(refs), spec=spec)
+
+
+def _suite(entry: TaskEntry, options: Mapping[str, Any]) -> bool:
+    try:
+        return bool(entry.info(options).suite)
+    except ValueError:
+        return False
+
+
+def _key(options: Mapping[str, Any] | None) -> str:
+    import json
+
+    return json.dumps(dict(options or {}), sort_keys=True)

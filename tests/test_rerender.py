@@ -1,0 +1,137 @@
+"""``demoforge rerender``: recorded episodes re-simulated into a new dataset with other observations; every
+non-video column byte-identical, new cameras loadable by LeRobot, variants that differ only in appearance,
+resumable after a kill, and everything that could change the physics refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from demoforge.storage.episode_source import open_episode_source
+from demoforge.storage.lerobot.format import read_sidecar
+from edit_helpers import violations
+from helpers import attempts_now, demoforge_argv, kill_once_started, run_cli
+
+PUSH = ("--task", "metaworld-push-v3", "--option", "image_size=48", "--option", "shadows=false")  # fast on CPU
+
+
+@pytest.fixture(scope="module")
+def push_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rerender")
+    done = run_cli("generate", *PUSH, "--episodes", "2", "--seed", "3", "--store", str(root / "s"),
+                   "--export", str(root / "d"))
+    assert done.returncode == 0, done.stderr
+    return root
+
+
+def table(dataset: Path):
+    files = sorted(dataset.glob("data/chunk-*/file-*.parquet"))
+    assert len(files) == 1
+    return pq.read_table(files[0])
+
+
+def sidecar(dataset: Path) -> list[dict]:
+    return read_sidecar(dataset)
+
+
+def frames_of(dataset: Path, camera: str) -> list[list[np.ndarray]]:
+    source = open_episode_source(dataset)
+    try:
+        return [source.camera_frames(source.load(ref), camera) for ref in source.episodes()]
+    finally:
+        source.close()
+
+
+def test_new_size_and_cameras_with_every_other_column_byte_identical(push_run, tmp_path) -> None:
+    out = tmp_path / "r"
+    done = run_cli("rerender", str(push_run / "d"), "--out", str(out), "--option", "image_size=64",
+                   "--camera", "corner2", "--camera", "topview")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rerendered 2/2 episodes" in done.stdout
+    source, new = table(push_run / "d"), table(out)
+    assert source.column_names == new.column_names  # cameras are videos, not columns
+    for column in source.column_names:
+        assert new[column].equals(source[column]), column
+    features = json.loads((out / "meta/info.json").read_text())["features"]
+    for camera in ("corner2", "topview"):
+        assert features[f"observation.images.{camera}"]["shape"][:2] == [64, 64]
+    assert "observation.image" not in features
+    assert [r["seed"] for r in sidecar(out)] == [r["seed"] for r in sidecar(push_run / "d")]
+    assert violations(out, backends=("pyav", "torchcodec")) == []
+    replay = run_cli("replay", str(out), "--images", "--episodes", "0", "--json")
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+
+
+def test_variants_differ_in_appearance_only_and_replay(push_run, tmp_path) -> None:
+    out = tmp_path / "v"
+    done = run_cli("rerender", str(push_run / "s"), "--out", str(out), "--randomize", "lighting,colors",
+                   "--variants", "2", "--executor", "process", "--workers", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    new, source = table(out), table(push_run / "d")
+    records = sidecar(out)
+    assert [r["randomization"].get("variant", 0) for r in records] == [0, 1, 0, 1]
+    assert records[0]["randomization"] != records[1]["randomization"]
+    episodes = np.asarray(new["episode_index"])
+    for column in ("observation.state", "action", "next.reward", "annotation.segment_id"):
+        values = new[column].to_numpy(zero_copy_only=False)
+        original = source[column].to_numpy(zero_copy_only=False)
+        source_episodes = np.asarray(source["episode_index"])
+        for index in range(4):
+            got = np.stack(values[episodes == index]) if values.dtype == object else values[episodes == index]
+            want = original[source_episodes == index // 2]
+            want = np.stack(want) if want.dtype == object else want
+            assert np.array_equal(got, want), (column, index)
+    pictures = frames_of(out, "observation.image")
+    assert np.abs(pictures[0][0].astype(int) - pictures[1][0]).mean() > 2  # two looks at one scene
+    replay = run_cli("replay", str(out), "--json")  # each variant's scene is drawn again from its seed and number
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+
+
+def test_a_killed_rerender_resumes_and_publishes_each_episode_once(push_run, tmp_path) -> None:
+    out, store = tmp_path / "k", tmp_path / "k.store"
+    argv = demoforge_argv("rerender", str(push_run / "d"), "--out", str(out), "--option", "image_size=56")
+    killed = kill_once_started(argv, lambda: bool(attempts_now(store)) if store.exists() else False, 0.5)
+    assert killed and not out.exists()
+    done = run_cli("rerender", str(push_run / "d"), "--out", str(out), "--option", "image_size=56")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [r["seed"] for r in sidecar(out)] == [r["seed"] for r in sidecar(push_run / "d")]
+    assert table(out)["observation.state"].equals(table(push_run / "d")["observation.state"])
+
+
+def test_a_diverging_episode_is_reported_and_never_written(tmp_path) -> None:
+    store = tmp_path / "noisy"
+    assert run_cli("generate", "--task", "toy-noisy", "--codec", "h264", "--option", "steps=6", "--episodes", "2",
+                   "--store", str(store)).returncode == 0
+    done = run_cli("rerender", str(store), "--out", str(tmp_path / "r"), "--codec", "h264")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.count("not rerendered: episode") == 2 and "diverged from the source at frame" in done.stdout
+    assert "Traceback" not in done.stderr and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--randomize", "physics"), "rerender may add appearance axes only"),
+    (("--option", "max_steps=100"), "option 'max_steps' of 'metaworld-push-v3' is not appearance"),
+    (("--variants", "3"), "--variants needs an appearance axis"),
+    (("--option", "image_size=5000"), "image_size"),
+])
+def test_changes_that_are_not_appearance_are_refused(push_run, tmp_path, args, message) -> None:
+    out = tmp_path / "x"
+    done = run_cli("rerender", str(push_run / "d"), "--out", str(out), *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not out.exists() and not (tmp_path / "x.store").exists()
+
+
+def test_sources_that_cannot_be_rerendered_are_refused(tmp_path) -> None:
+    noisy = tmp_path / "n"
+    assert run_cli("generate", "--task", "metaworld-push-v3", "--option", "camera=none", "--episodes", "1",
+                   "--noise", "gaussian:0.1", "--store", str(noisy)).returncode == 0
+    done = run_cli("rerender", str(noisy), "--out", str(tmp_path / "r"))
+    assert done.returncode == 2 and "driven by noise or a policy" in done.stderr, done.stderr
+    missing = run_cli("rerender", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr, missing.stderr
+    assert not (tmp_path / "r").exists()
