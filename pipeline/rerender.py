@@ -193,6 +193,14 @@ def plan_rerender(source: Path, overrides: Mapping[str, Any], variants: int) -> 
         raise RerenderInputError(f"{len(driven)} episode(s) of {source} were driven by noise or a policy (first: "
                                  f"{driven[0]}): rerender replays expert-driven episodes only; select them with "
                                  "`demoforge edit --keep-where 'driver == \"expert\"'`")
+    from demoforge.storage.provenance import library_versions, version_differences
+
+    simulation = {k: v for k, v in library_versions().items() if k not in ("demoforge", "av")}  # not physics
+    differences = sorted({d for record, _ in headers for d in version_differences(
+        {k: v for k, v in (record.get("versions") or {}).items() if k in simulation}, simulation)})
+    if differences:
+        raise RerenderInputError(f"{source} was recorded with other library versions ({'; '.join(differences)}): "
+                                 "a re-simulation could diverge; rerender where those versions are installed")
     try:
         entry = get_task(task)
     except UnknownTaskError as exc:

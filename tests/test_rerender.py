@@ -135,3 +135,17 @@ def test_sources_that_cannot_be_rerendered_are_refused(tmp_path) -> None:
     missing = run_cli("rerender", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr, missing.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_source_recorded_with_other_simulator_versions_is_refused_naming_them(push_run, tmp_path) -> None:
+    import shutil
+
+    copy = tmp_path / "old"
+    shutil.copytree(push_run / "d", copy)
+    sidecar_file = copy / "meta/demoforge_episodes.jsonl"
+    records = [json.loads(line) for line in sidecar_file.read_text().splitlines()]
+    records[1]["versions"]["mujoco"] = "3.0.0"
+    sidecar_file.write_text("".join(json.dumps(r) + "\n" for r in records))
+    done = run_cli("rerender", str(copy), "--out", str(tmp_path / "r"))
+    assert done.returncode == 2 and "other library versions (mujoco 3.0.0 -> " in done.stderr, done.stderr
+    assert not (tmp_path / "r").exists()

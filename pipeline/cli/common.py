@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -48,6 +49,10 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a task option, e.g. --option cycles=2 (see `demoforge tasks`)")
     add_randomize_option(p)
+    p.add_argument("--instructions", type=Path, default=None, metavar="FILE",
+                   help='phrasings to draw from, per episode, by its seed: a JSON file {"task": [...], '
+                        '"segments": {"NAME": [...]}} (docs/diversity.md); recorded as the episode\'s task and '
+                        "sub-task rows. Default: the task's own instruction")
 
 
 def add_randomize_option(p: argparse.ArgumentParser) -> None:
@@ -65,6 +70,19 @@ def task_options(args: argparse.Namespace) -> dict[str, Any]:
         if "randomize" in options:
             raise TaskOptionError("give the axes once: --randomize or --option randomize=..., not both")
         options["randomize"] = args.randomize
+    if getattr(args, "instructions", None) is not None:
+        from demoforge.pipeline.tasks.instructions import INSTRUCTIONS, InstructionsError, canonical, parse_table
+
+        if INSTRUCTIONS in options:
+            raise TaskOptionError("give the phrasings once: --instructions or --option instructions=..., not both")
+        try:
+            text = Path(args.instructions).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TaskOptionError(f"--instructions {args.instructions}: cannot read it: {exc}") from None
+        try:
+            options[INSTRUCTIONS] = canonical(parse_table(text))
+        except InstructionsError as exc:
+            raise TaskOptionError(f"--instructions {args.instructions}: {exc}") from None
     return options
 
 

@@ -22,6 +22,12 @@ from typing import Any
 import gymnasium as gym
 
 from demoforge.pipeline.environment import prepare_process
+from demoforge.pipeline.tasks.instructions import (
+    INSTRUCTIONS,
+    InstructionsError,
+    ParaphrasedInstructions,
+    parse_table,
+)
 from demoforge.pipeline.tasks.randomization import (
     RANDOMIZE,
     RandomizationError,
@@ -142,9 +148,15 @@ class TaskEntry:
     appearance_options: frozenset[str] = frozenset()
 
     @property
+    def generic_defaults(self) -> dict[str, Any]:
+        """Options every task has (instruction paraphrases) or a randomizable task has, at their defaults
+        (off); left out of fingerprints at those defaults."""
+        return {INSTRUCTIONS: "", **(option_defaults() if self.randomization is not None else {})}
+
+    @property
     def all_defaults(self) -> dict[str, Any]:
-        """The task's own options and, for a randomizable task, the randomization options (off)."""
-        return {**self.defaults, **(option_defaults() if self.randomization is not None else {})}
+        """The task's own options and the generic ones."""
+        return {**self.defaults, **self.generic_defaults}
 
     def resolve_options(self, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Defaults overlaid with ``options``; unknown keys or values of the wrong type are refused."""
@@ -153,7 +165,7 @@ class TaskEntry:
         for key, value in (options or {}).items():
             if key not in defaults and key.split(".")[0] == RANDOMIZE:
                 raise TaskOptionError(f"task {self.name!r} cannot be randomized (it declares no scene to vary: "
-                                      "docs/randomization.md says how a task does)")
+                                      "docs/diversity.md says how a task does)")
             if key not in defaults:
                 raise TaskOptionError(f"task {self.name!r} has no option {key!r}; known options: "
                                       f"{', '.join(sorted(self.defaults)) or 'none'}")
@@ -171,6 +183,11 @@ class TaskEntry:
                 check_options(merged, self.randomization, self.name)
             except RandomizationError as exc:
                 raise TaskOptionError(str(exc)) from None
+        if merged[INSTRUCTIONS]:
+            try:
+                parse_table(str(merged[INSTRUCTIONS]))
+            except InstructionsError as exc:
+                raise TaskOptionError(f"task {self.name!r} option {INSTRUCTIONS!r}: {exc}") from None
         return merged
 
     def info(self, options: Mapping[str, Any] | None = None) -> TaskInfo:
@@ -178,9 +195,14 @@ class TaskEntry:
 
         Randomization options at their defaults are left out of ``options`` (and so of job fingerprints):
         stores written before a task could be randomized resume unchanged."""
-        info = self.describe(self.resolve_options(options))
-        if self.randomization is not None:
-            info = replace(info, options=fingerprint_options(info.options, option_defaults()))
+        resolved = self.resolve_options(options)
+        info = self.describe(resolved)
+        info = replace(info, options=fingerprint_options(info.options, self.generic_defaults))
+        if resolved[INSTRUCTIONS]:
+            try:
+                parse_table(str(resolved[INSTRUCTIONS]), info.segment_names)
+            except InstructionsError as exc:
+                raise TaskOptionError(f"task {self.name!r} option {INSTRUCTIONS!r}: {exc}") from None
         return check_task_info(info)
 
     def build(self, options: Mapping[str, Any] | None = None) -> gym.Env:
@@ -190,6 +212,8 @@ class TaskEntry:
         env = self.make_env(resolved)
         if self.randomization is not None and enabled_axes(resolved, self.randomization):
             env = RandomizedScene(env, self.randomization, resolved)
+        if resolved[INSTRUCTIONS]:
+            env = ParaphrasedInstructions(env, parse_table(str(resolved[INSTRUCTIONS])))
         return env
 
 
