@@ -95,3 +95,21 @@ def test_lerobot_trains_on_an_aloha_export_and_evaluates_in_its_aloha_env(tmp_pa
     assert set(config["input_features"]) == {"observation.images.top", "observation.state"}
     assert config["output_features"]["action"]["shape"] == [14]
 
+
+
+def test_lerobot_trains_on_a_rerendered_dataset(tmp_path) -> None:
+    """A rerender (new size, randomized lighting) is a dataset LeRobot's own loop trains on."""
+    source, dataset = tmp_path / "store", tmp_path / "push-rerendered"
+    done = run_cli("generate", "--task", "metaworld-push-v3", "--episodes", "1", "--option", "image_size=48",
+                   "--option", "shadows=false", "--codec", "h264", "--store", str(source))
+    assert done.returncode == 0, done.stderr
+    done = run_cli("rerender", str(source), "--out", str(dataset), "--option", "image_size=64", "--randomize",
+                   "lighting", "--codec", "h264")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = tmp_path / "train"
+    trained = lerobot("lerobot-train", f"--dataset.repo_id=demoforge/{dataset.name}", f"--dataset.root={dataset}",
+                      *TINY_ACT, "--steps=1", "--batch_size=2", "--num_workers=0", "--save_freq=1", "--log_freq=1",
+                      "--wandb.enable=false", f"--output_dir={run}")
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    config = json.loads((run / "checkpoints" / "last" / "pretrained_model" / "config.json").read_text())
+    assert config["input_features"]["observation.image"]["shape"] == [3, 64, 64]

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import random
 import shutil
 import subprocess
@@ -207,9 +208,15 @@ class PowerCutCampaign(cc.Campaign):
                     break
                 fs.wait_cut(0.02)
             matches: list[int] = []
+            stats = None
             if fs.cut_event is None and proc.poll() is not None:
                 proc.wait()
-                seen = [t["seen"] for t in fs.stats().get("triggers", [])]
+                try:
+                    stats = fs.stats()
+                except queue.Empty:  # the trigger fired as the run ended (a loaded machine): a cut after all
+                    stats = None
+            if stats is not None:
+                seen = [t["seen"] for t in stats.get("triggers", [])]
                 matches = seen[1:] if trigger else seen
                 done = fs.unmount()
                 cut = None

@@ -191,6 +191,12 @@
     if (e.reason) lines.push(`${e.state} because: ${e.reason}`);
     if (r.failure_reason && r.failure_reason !== e.reason) lines.push(`failure: ${r.failure_reason}`);
     if (r.instruction) lines.push(`instruction: ${r.instruction}`);
+    if (r.driver) lines.push(`driven by: ${r.driver}${r.interventions ? `, ${r.interventions} expert takeover(s)` : ""}`);
+    if (r.randomization) {
+      const { axes, variant, ...drawn } = r.randomization;
+      const short = JSON.stringify(drawn, (_k, v) => (typeof v === "number" ? Number(v.toFixed(3)) : v));
+      lines.push(`randomized: ${(axes || []).join(", ") || "nothing"}${variant ? ` (variant ${variant})` : ""}; drawn: ${short}`);
+    }
     if (r.seed !== undefined && state.source.kind === "dataset") lines.push(`job episode ${r.episode_index}, attempt ${r.attempt}, seed ${r.seed}`);
     $("notice").hidden = lines.length === 0;
     $("notice").replaceChildren(...lines.map((t) => el("div", { textContent: t })));
