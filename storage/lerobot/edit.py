@@ -87,6 +87,7 @@ from demoforge.storage.lerobot.rejected import (
     rejected_list_path,
 )
 from demoforge.storage.lerobot.stats import vector_stats
+from demoforge.storage.lerobot.subtasks import write_temporal_proportions
 from demoforge.storage.lerobot.video_cut import CopyResult, Span, SpanCut, VideoFile, copy_spans
 from demoforge.storage.paths import short_path
 from demoforge.storage.write_errors import free_bytes, human_bytes, writing
@@ -280,7 +281,8 @@ class _VersionWriter:
         data_spans, data_next = self._data(build)
         self.pause("after_data")
         meta_next = self._episode_meta(build, video_meta, data_spans)
-        # small metadata, rewritten whole: tasks, stats, info, sidecar, marker (last).
+        # small metadata, rewritten whole: proportions, tasks, stats, info, sidecar, marker (last).
+        self.written += write_temporal_proportions(build)
         self.written += write_tasks(build, plan.tasks)
         self.written.append(write_stats_file(build, self._stats, False))
         self.written.append(self._info(build))

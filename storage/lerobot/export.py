@@ -65,6 +65,7 @@ from demoforge.storage.lerobot.publish import (
     start_version,
     write_json,
 )
+from demoforge.storage.lerobot.subtasks import subtask_columns, write_temporal_proportions
 from demoforge.storage.reader import open_store_updater
 from demoforge.storage.schema import SCHEMA_VERSION
 from demoforge.storage.schema import AttemptState, Fingerprint
@@ -348,6 +349,8 @@ class _VersionWriter:
                                            if old else (0, 0), self.fps) for c in self.cameras}
         data = DataFileWriter(build, self.features, old.next_data if old else (0, 0))
         meta_rows: list[EpisodeMetaRow] = []  # small per-episode records (stats, indices): kept to the end
+        # Sub-task columns (subtasks.py), unless appending to a version exported before them: one schema per dataset
+        with_subtasks = old is None or _has_subtask_columns(build)
         stats_cache: dict[tuple[str, bytes], Any] = {}
         sidecar: list[dict[str, Any]] = []
         frame = first_frame
@@ -372,7 +375,8 @@ class _VersionWriter:
                     meta_rows.append(EpisodeMetaRow(
                         episode_index=index, task=instruction, length=frames, dataset_from_index=frame,
                         dataset_to_index=frame + frames, data_file=data_span,
-                        videos={camera_key(c.name): spans[c.name] for c in self.cameras}, stats=stats))
+                        videos={camera_key(c.name): spans[c.name] for c in self.cameras}, stats=stats,
+                        subtasks=subtask_columns(record.get("segments", []), self.fps) if with_subtasks else {}))
                     sidecar.append({**record, "schema_version": SCHEMA_VERSION, "dataset_episode_index": index,
                                     **source.origin(), "staging_episode_id": row.episode_id,
                                     "staging_episode_index": row.episode_index, "length": frames,
@@ -397,7 +401,8 @@ class _VersionWriter:
         written += files
         self.pause("after_data")
 
-        # small metadata, rewritten whole: tasks, stats, info, sidecar, marker (last).
+        # small metadata, rewritten whole: proportions, tasks, stats, info, sidecar, marker (last).
+        written += write_temporal_proportions(build)
         written += write_tasks(build, tasks)
         written.append(write_stats_file(build, [m.stats for m in meta_rows], old is not None))
         total_episodes, total_frames = first_index + len(self.exported), frame
@@ -412,6 +417,14 @@ class _VersionWriter:
                               files=_file_checksums(build, old, written), removed=old.removed if old else ())
         written.append(write_json(build / MARKER, marker.to_json()))
         return publish_version(self.target, build, written, self.pause), marker
+
+
+def _has_subtask_columns(build: Path) -> bool:
+    """Whether the version being appended to has LeRobot's sub-task columns (its first episodes file says)."""
+    import pyarrow.parquet as pq
+
+    files = sorted(build.glob("meta/episodes/chunk-*/file-*.parquet"))
+    return not files or "dense_subtask_names" in pq.read_schema(files[0]).names
 
 
 def _file_checksums(build: Path, old: ExportMarker | None, written: Sequence[Path]) -> dict[str, FileChecksum]:

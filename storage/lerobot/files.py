@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import io
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from demoforge.storage.lerobot.format import (
 from demoforge.storage.lerobot.publish import ExportError, replace_file, unlink_shared, write_json
 from demoforge.storage.lerobot.stats import FeatureStats, depth_stats, rgb_stats, sample_indices, strided, vector_stats
 from demoforge.storage.lerobot.stats_file import aggregate_stats, read_stats, stats_json_text
+from demoforge.storage.lerobot.subtasks import arrow_types
 from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.schema import CameraSpec, DepthVideoIdentity
 from demoforge.storage.staging import StagedEpisode
@@ -307,6 +308,7 @@ class EpisodeMetaRow:
     data_file: tuple[int, int]  # (chunk, file) of the data parquet holding its rows
     videos: Mapping[str, tuple[int, int, float, float]]  # video key: chunk, file, from and to timestamp
     stats: Mapping[str, FeatureStats]
+    subtasks: Mapping[str, list[Any]] = field(default_factory=dict)  # LeRobot's sub-task columns (subtasks.py)
 
     def record(self, meta_file: tuple[int, int]) -> dict[str, Any]:
         """The row as LeRobot's writer lays it out (column names and order)."""
@@ -316,7 +318,8 @@ class EpisodeMetaRow:
                 **{f"videos/{key}/{name}": value for key, span in self.videos.items()
                    for name, value in zip(("chunk_index", "file_index", "from_timestamp", "to_timestamp"), span)},
                 **_stats_columns(self.stats),
-                "meta/episodes/chunk_index": meta_file[0], "meta/episodes/file_index": meta_file[1]}
+                "meta/episodes/chunk_index": meta_file[0], "meta/episodes/file_index": meta_file[1],
+                **self.subtasks}
 
 
 def write_episode_meta(build: Path, rows: Sequence[EpisodeMetaRow], start: Sequence[int]
@@ -327,6 +330,9 @@ def write_episode_meta(build: Path, rows: Sequence[EpisodeMetaRow], start: Seque
 
     chunk, file = int(start[0]), int(start[1])
     table = pa.Table.from_pylist([row.record((chunk, file)) for row in rows])
+    for name, typ in arrow_types().items():  # typed, whatever the values (an empty list has no type of its own)
+        if name in table.column_names:
+            table = table.set_column(table.column_names.index(name), name, table[name].cast(typ))
     path = build / EPISODES_PATH.format(chunk_index=chunk, file_index=file)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, compression="snappy")
