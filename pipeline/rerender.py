@@ -15,7 +15,7 @@ Only appearance may change: a task declares which of its options only change ren
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from demoforge.pipeline.replay import CONTROL_FEATURES, default_tolerance, diffe
 from demoforge.pipeline.rerender_spec import RerenderSpec
 from demoforge.pipeline.tasks.randomization import APPEARANCE_AXES, RANDOMIZE, RANGES, parse_axes
 from demoforge.pipeline.tasks.registry import TaskEntry, get_task
-from demoforge.stages.contract import ObservationError, RecordedObservation, Segment, find_task_method
+from demoforge.stages.contract import ObservationError, RecordedObservation, Segment, find_task_method, iter_segments
 
 
 class RerenderInputError(ValueError):
@@ -98,13 +98,23 @@ class RerenderedEpisodes(gym.Wrapper):
             raise ObservationError(f"the re-simulation diverged from the source at frame {t}: {why}")
         return observation, float(recorded), terminated, truncated, info
 
-    # -- the plan: the recorded segments and actions
+    # -- the plan: the recorded segments and actions, with the task's own plan walked in step
     def create_demo_segments(self) -> Iterator[Segment]:
+        """The source's segments and actions. The task's own planner runs in step with them (each segment planned
+        when the executor asks for it, each action computed before the recorded one is stepped), because a
+        planner may change the env as it plans (fetch places each cycle's goal), and its validators judge each
+        segment as they did when it was recorded."""
         ep = self._episode
+        planned_segments = iter_segments(self.env, "?")
         for seg in ep.record.get("segments", []):
+            planned = next(planned_segments, None)
+            if planned is None or planned.name != seg["name"]:
+                raise ObservationError(f"the task plans {planned.name if planned else 'no more'!r} where the source "
+                                       f"recorded segment {seg['name']!r}: the re-simulation diverged")
             start, end = int(seg["start_step"]), int(seg["end_step"])
-            yield Segment(actions=list(ep.action[start:end]), name=str(seg["name"]), target=seg.get("target"),
-                          instruction=seg.get("instruction"), metadata=dict(seg.get("metadata") or {}))
+            yield Segment(actions=_in_step(planned.actions, ep.action[start:end]), name=str(seg["name"]),
+                          target=seg.get("target"), instruction=seg.get("instruction"),
+                          metadata=dict(seg.get("metadata") or {}), validator=planned.validator)
 
     def demo_record(self, observation: Any) -> RecordedObservation:
         inner = find_task_method(self.env, "demo_record")
@@ -134,6 +144,14 @@ class RerenderedEpisodes(gym.Wrapper):
     def demo_hold_action(self) -> Any:
         inner = find_task_method(self.env, "demo_hold_action")
         return inner() if inner is not None else np.zeros(self.action_space.shape, dtype=np.float32)
+
+
+def _in_step(planned: Iterable[Any], recorded: np.ndarray) -> Iterator[np.ndarray]:
+    """The recorded actions, each after the planner computed its own for the same state (its side effects)."""
+    actions = iter(planned)
+    for action in recorded:
+        next(actions, None)
+        yield action
 
 
 def build_job_env(entry: TaskEntry, options: Mapping[str, Any], rerender: RerenderSpec | None) -> gym.Env:

@@ -149,3 +149,19 @@ def test_a_source_recorded_with_other_simulator_versions_is_refused_naming_them(
     done = run_cli("rerender", str(copy), "--out", str(tmp_path / "r"))
     assert done.returncode == 2 and "other library versions (mujoco 3.0.0 -> " in done.stderr, done.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_task_whose_planner_changes_the_env_rerenders_with_depth_added(tmp_path) -> None:
+    """fetch-pick-place places each cycle's goal as it plans it: rerender walks the task's own plan in step with
+    the recorded actions, so the goal (a recorded state) is where it was."""
+    store, out = tmp_path / "s", tmp_path / "r"
+    done = run_cli("generate", "--task", "fetch-pick-place", "--option", "cycles=2", "--option", "image_size=48",
+                   "--episodes", "2", "--store", str(store), "--export", str(tmp_path / "d"))
+    assert done.returncode == 0, done.stderr
+    done = run_cli("rerender", str(store), "--out", str(out), "--depth")
+    assert done.returncode == 0, done.stdout + done.stderr
+    source, new = table(tmp_path / "d"), table(out)
+    for column in source.column_names:
+        assert new[column].equals(source[column]), column
+    features = json.loads((out / "meta/info.json").read_text())["features"]
+    assert "observation.images.front_depth" in features and "observation.images.front" in features
