@@ -152,6 +152,7 @@ def _in_step(planned: Iterable[Any], recorded: np.ndarray) -> Iterator[np.ndarra
     for action in recorded:
         next(actions, None)
         yield action
+    next(actions, None)  # asked once more, as the executor asks: a reactive expert notices its phase ended
 
 
 def build_job_env(entry: TaskEntry, options: Mapping[str, Any], rerender: RerenderSpec | None) -> gym.Env:

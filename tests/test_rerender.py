@@ -165,3 +165,16 @@ def test_a_task_whose_planner_changes_the_env_rerenders_with_depth_added(tmp_pat
         assert new[column].equals(source[column]), column
     features = json.loads((out / "meta/info.json").read_text())["features"]
     assert "observation.images.front_depth" in features and "observation.images.front" in features
+
+
+def test_reactive_experts_see_each_recorded_segment_end_as_they_did(tmp_path) -> None:
+    """Meta-World's reactive expert ends a segment when, asked for one more action, it finds its phase changed:
+    rerender asks it as the executor did (pick-place's validators refused every episode otherwise)."""
+    store, out = tmp_path / "s", tmp_path / "r"
+    done = run_cli("generate", "--task", "metaworld-pick-place-v3", "--option", "camera=none", "--episodes", "3",
+                   "--store", str(store), "--export", str(tmp_path / "d"))
+    assert done.returncode == 0, done.stderr
+    done = run_cli("rerender", str(store), "--out", str(out), "--option", "camera=corner2", "--option",
+                   "image_size=32", "--option", "shadows=false")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert table(out)["observation.state"].equals(table(tmp_path / "d")["observation.state"])
