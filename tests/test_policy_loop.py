@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from demoforge.pipeline.tasks.metaworld import ENV_STATE_KEY, MetaWorldExpert
@@ -155,6 +156,10 @@ def test_policy_rollouts_are_kept_when_they_fail_and_edit_selects_them(tmp_path)
     assert all((e.state[EXECUTED_ACTION] == DOWN).all() for e in episodes)
     valid = run_cli("validate", str(dataset))
     assert valid.returncode == 0, valid.stdout + valid.stderr
+    rows = pq.read_table(next(dataset.glob("data/chunk-*/file-*.parquet"))).to_pandas()
+    for _, frames in rows.groupby("episode_index"):  # lerobot-eval's flags: done at the end, never a success
+        assert frames["next.done"].tolist() == [False] * (len(frames) - 1) + [True]
+        assert not frames["next.success"].any()
     kept = run_cli("edit", str(dataset), "--keep-where", 'driver == "policy" and not success and interventions == 0',
                    "--out", str(tmp_path / "kept"))
     assert kept.returncode == 0, kept.stderr

@@ -121,3 +121,23 @@ def test_an_export_appended_to_keeps_one_schema_and_recomputes_the_proportions(e
         assert done.returncode == 0, done.stderr
     assert len(read_sidecar(dataset)) == 4
     assert_labels_match_the_sidecar(dataset)
+
+
+def test_frames_carry_lerobot_evals_outcome_flags(exports) -> None:
+    """next.success and next.done, named and typed as lerobot-eval records them: done at the frame that ends the
+    episode, success there when it succeeded; LeRobotDataset reads them as booleans."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    dataset = exports / "a"
+    features = json.loads((dataset / "meta/info.json").read_text())["features"]
+    for key in ("next.success", "next.done"):
+        assert features[key] == {"dtype": "bool", "shape": [1], "names": None}
+    frames = LeRobotDataset("local/outcomes", root=dataset)
+    records = read_sidecar(dataset)
+    ends = {int(e["dataset_to_index"]) - 1 for _, e in episodes_frame(dataset).iterrows()}
+    for i in range(len(frames)):
+        item = frames[i]
+        assert bool(item["next.done"]) == (i in ends)
+        assert bool(item["next.success"]) == (i in ends and records[int(item["episode_index"])]["success"])
+    stats = json.loads((dataset / "meta/stats.json").read_text())
+    assert stats["next.done"]["max"] == [1.0] and stats["next.done"]["min"] == [0.0]

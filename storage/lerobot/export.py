@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from demoforge.storage.lerobot.files import (
     write_tasks,
 )
 from demoforge.storage.lerobot.format import (
+    INFO,
     MARKER,
     SIDECAR,
     ExportMarker,
@@ -315,7 +317,9 @@ class _VersionWriter:
         self.pause = pause
         self.fps = int(fingerprint.fps)
         self.cameras = fingerprint.cameras
-        self.features = dataset_features(fingerprint)
+        # Outcome flags (next.success, next.done), unless appending to a version exported before them
+        self.outcomes = marker is None or "next.done" in _published_features(target)
+        self.features = dataset_features(fingerprint, outcomes=self.outcomes)
         self.new_indices: list[int] = []
         self.exported: list[tuple[_Source, AttemptRow]] = []
         self.quarantined: list[str] = []
@@ -369,7 +373,7 @@ class _VersionWriter:
                     instruction = record.get("instruction") or source.fingerprint.task
                     task_index = tasks.setdefault(instruction, len(tasks))
                     spans = {name: writer.add(ep.video[name], frames) for name, writer in videos.items()}
-                    cols = episode_frames(ep, index, frame, task_index, self.fps, record)
+                    cols = episode_frames(ep, index, frame, task_index, self.fps, record, self.outcomes)
                     stats = episode_stats(ep, cols, self.cameras, self.fp.depth_video, stats_cache)
                     data_span = data.add(cols)
                     meta_rows.append(EpisodeMetaRow(
@@ -417,6 +421,14 @@ class _VersionWriter:
                               files=_file_checksums(build, old, written), removed=old.removed if old else ())
         written.append(write_json(build / MARKER, marker.to_json()))
         return publish_version(self.target, build, written, self.pause), marker
+
+
+def _published_features(target: Published) -> Mapping[str, Any]:
+    """The features of the dataset's published version (none when it has none or its info is unreadable)."""
+    try:
+        return dict(json.loads((target.current / INFO).read_text())["features"]) if target.current else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def _has_subtask_columns(build: Path) -> bool:

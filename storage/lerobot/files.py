@@ -25,6 +25,7 @@ from demoforge.storage.episode_stats import EpisodeStats
 from demoforge.storage.lerobot.arrow_schema import data_schema
 from demoforge.storage.lerobot.format import (
     AUTOMATIC_COLUMNS,
+    OUTCOME_COLUMNS,
     CHUNKS_SIZE,
     CODEBASE_VERSION,
     DATA_FILE_MB,
@@ -224,11 +225,18 @@ class DataFileWriter:
 
 
 def episode_frames(ep: StagedEpisode, index: int, first_frame: int, task_index: int, fps: int,
-                    record: Mapping[str, Any]) -> dict[str, Any]:
+                    record: Mapping[str, Any], outcomes: bool = True) -> dict[str, Any]:
     n = len(ep.action)
     cols: dict[str, Any] = {name: values.astype(np.float32) for name, values in ep.state.items()}
     cols["action"] = ep.action.astype(np.float32)
     cols["next.reward"] = ep.reward.astype(np.float32)
+    if outcomes:
+        done = (ep.annotations[:, ANNOTATION_KEYS.index("terminated")] != 0) | \
+            (ep.annotations[:, ANNOTATION_KEYS.index("truncated")] != 0)
+        if n:
+            done[-1] = True  # a recorded episode ends at its last frame
+        cols["next.success"] = done & bool(record.get("success"))
+        cols["next.done"] = done
     for i, key in enumerate(ANNOTATION_KEYS):
         cols[annotation_key(key)] = ep.annotations[:, i].astype(np.int64)
     subtasks = [{"role": "assistant", "content": s.get("instruction") or s["name"], "style": "subtask",
@@ -370,6 +378,9 @@ def episode_stats(ep: StagedEpisode, frames: Mapping[str, Any], cameras: Sequenc
     stats["action"] = recorded.action
     stats["next.reward"] = recorded.reward
     stats |= {annotation_key(k): v for k, v in recorded.annotations.items()}
+    for key in OUTCOME_COLUMNS:  # derived at export from the annotations and the outcome
+        if key in frames:
+            stats[key] = vector_stats(np.asarray(frames[key]))
     for key in AUTOMATIC_COLUMNS:
         values = np.asarray(frames[key])
         if cache is None or key not in ("frame_index", "timestamp"):

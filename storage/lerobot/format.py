@@ -111,14 +111,23 @@ def depth_identity_of_info(info: Mapping[str, Any]) -> DepthVideoIdentity | None
         return None
 
 
-def dataset_features(fingerprint: Fingerprint) -> dict[str, dict]:
-    """LeRobot features of an export: states, action, reward, annotations, cameras, language, then the
-    automatic columns (timestamp, frame_index, episode_index, index, task_index)."""
+#: Per-frame outcome flags, named and typed as ``lerobot-eval`` records them: ``next.done`` at the frame that ends
+#: the episode, ``next.success`` there when the episode succeeded ("the only time this can be True").
+OUTCOME_COLUMNS = ("next.success", "next.done")
+
+
+def dataset_features(fingerprint: Fingerprint, *, outcomes: bool = True) -> dict[str, dict]:
+    """LeRobot features of an export: states, action, reward, outcome flags (unless ``outcomes`` is False: a
+    dataset exported before them), annotations, cameras, language, then the automatic columns (timestamp,
+    frame_index, episode_index, index, task_index)."""
     features: dict[str, dict] = {}
     for name, shape in fingerprint.state_shapes.items():
         features[name] = {"dtype": "float32", "shape": list(shape), "names": None}
     features["action"] = {"dtype": "float32", "shape": list(fingerprint.action_shape), "names": None}
     features["next.reward"] = {"dtype": "float32", "shape": [1], "names": None}
+    if outcomes:
+        for key in OUTCOME_COLUMNS:
+            features[key] = {"dtype": "bool", "shape": [1], "names": None}
     for key in ANNOTATION_KEYS:
         features[annotation_key(key)] = {"dtype": "int64", "shape": [1], "names": None}
     for camera in fingerprint.cameras:
