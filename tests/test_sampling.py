@@ -232,6 +232,30 @@ def test_lerobot_dataset_items_are_whole_windows_of_the_mode(exported):
                 assert (seg[:, 0] != seg[:, -1]).all() and (ends_inside >= 1).all()
 
 
+def test_windows_come_with_their_segment_and_progress_labels(exported):
+    """labels(): each window frame's segment id and its progress through its episode and its segment, read from
+    the annotation columns (no sidecar), equal to what those columns say frame by frame."""
+    import pyarrow.parquet as pq
+
+    _store, out = exported
+    rows = pq.read_table(next(out.glob("data/chunk-*/file-*.parquet"))).to_pandas().set_index("index")
+    for mode, chunk in (("episode", 6), ("segment", 3), ("boundary", 4)):
+        sampler = SegmentWindowSampler(out, mode=mode, chunk_size=chunk)
+        _episodes, starts = sampler.sample_windows(50, rng=2)
+        labels = sampler.labels(starts)
+        for w, start in enumerate(starts.tolist()):
+            frames = rows.loc[start:start + chunk - 1]
+            assert labels["segment_id"][w].tolist() == frames["annotation.segment_id"].tolist()
+            length = int((rows["episode_index"] == frames["episode_index"].iloc[0]).sum())
+            np.testing.assert_allclose(labels["episode_progress"][w],
+                                       frames["annotation.episode_step"].to_numpy() / (length - 1), rtol=1e-6)
+            assert np.all(np.diff(labels["segment_progress"][w][labels["segment_id"][w] == labels["segment_id"][w][0]])
+                          > 0) or chunk == 1
+        assert labels["episode_progress"].min() >= 0 and labels["episode_progress"].max() <= 1
+    with pytest.raises(ValueError, match="absolute dataset index"):
+        sampler.labels([10**9])
+
+
 @pytest.mark.slow
 def test_reproducible_and_the_same_with_dataloader_workers(exported):
     _store, out = exported

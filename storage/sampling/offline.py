@@ -108,6 +108,7 @@ class SegmentWindowSampler(Sampler[int]):
             seg = table["annotation.segment_id"].to_numpy()[order]
         else:
             valid, seg = np.ones(len(index), np.int64), np.zeros(len(index), np.int64)
+        self._label_frames(index, ep, seg)
         start, end, first = segments_from_frames(valid, seg, episode=ep, position=index)
         # slots: the dataset's episodes in index order (a slot per episode with frames)
         heads = np.flatnonzero(np.append(True, ep[1:] != ep[:-1])) if len(ep) else np.zeros(0, np.int64)
@@ -115,6 +116,38 @@ class SegmentWindowSampler(Sampler[int]):
         slot_of_frame = np.cumsum(np.append(True, ep[1:] != ep[:-1])) - 1 if len(ep) else ep
         self.index.extend(start, end, slot_of_frame[first], len(heads))
         return episode_of_slot
+
+    def _label_frames(self, index: np.ndarray, ep: np.ndarray, seg: np.ndarray) -> None:
+        """Per frame (in index order): its segment id, and where its episode and its segment start and end."""
+        n = len(index)
+        new_episode = np.append(True, ep[1:] != ep[:-1]) if n else np.zeros(0, bool)
+        new_segment = new_episode | (np.append(True, seg[1:] != seg[:-1]) if n else np.zeros(0, bool))
+        self._frames = index
+        self._segment = seg.astype(np.int64)
+        for name, heads in (("episode", new_episode), ("segment", new_segment)):
+            first = np.flatnonzero(heads)
+            lengths = np.diff(np.append(first, n))
+            owner = np.cumsum(heads) - 1
+            setattr(self, f"_{name}_first", first[owner] if n else first)
+            setattr(self, f"_{name}_length", lengths[owner] if n else lengths)
+
+    def labels(self, starts: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
+        """The labels of the windows starting at absolute dataset indices ``starts`` (what :meth:`sample_windows`
+        returns; a relative index from ``__iter__`` maps back through the dataset's ``episodes``), each of shape
+        (len(starts), chunk_size): ``segment_id``; ``episode_progress``, 0 at an episode's first frame and 1 at
+        its last; ``segment_progress``, the same within the frame's segment (1 for a one-frame segment)."""
+        starts = np.asarray(starts, dtype=np.int64)
+        at = np.searchsorted(self._frames, starts)
+        if np.any(at >= len(self._frames)) or np.any(self._frames[np.minimum(at, len(self._frames) - 1)] != starts):
+            raise ValueError("labels() takes the absolute dataset index of a window's first frame")
+        rows = at[:, None] + np.arange(self.chunk_size)[None, :]
+        rows = np.minimum(rows, len(self._frames) - 1)
+        out = {"segment_id": self._segment[rows]}
+        for name in ("episode", "segment"):
+            first, length = getattr(self, f"_{name}_first")[rows], getattr(self, f"_{name}_length")[rows]
+            out[f"{name}_progress"] = np.where(length > 1, (rows - first) / np.maximum(length - 1, 1), 1.0
+                                               ).astype(np.float32)
+        return out
 
     # -- torch Sampler protocol
     def __len__(self) -> int:
