@@ -3,10 +3,11 @@
     MUJOCO_GL=egl .venv/bin/python tools/bench_rerender.py --episodes 10 --rounds 2 \
         --task fetch-pick-place --task metaworld-pick-place-v3
 
-Each round generates a fresh store (``demoforge generate``), then rerenders it with the same options
-(``demoforge rerender``, which also exports the new dataset: its export is inside its time). Both are whole
-commands (start-up included), so the ratio is what a user waits. Rerender needs no expert and never retries;
-it reads the source, checks every state and reward, renders and encodes.
+Each round generates a fresh store and exports it (``demoforge generate --export``), then rerenders it with the
+same options (``demoforge rerender``, which exports the new dataset too). Both are whole commands (start-up and
+export included), so the ratio is what a user waits. Rerender never retries and plans nothing new (it walks
+the task's plan in step with the recorded actions, so the expert still computes each action); it reads the
+source, checks every state and reward, renders and encodes.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def main() -> None:
             root = Path(tempfile.mkdtemp(prefix="bench-rerender-"))
             try:
                 seconds, out = _run(["generate", "--task", task, "--episodes", str(args.episodes), "--seed",
-                                     str(round_), "--store", str(root / "s"), *options])
+                                     str(round_), "--store", str(root / "s"), "--export", str(root / "g"), *options])
                 gen_t.append(seconds)
                 gen_f.append(int(re.search(r"committed .*?(\d+) frames", out).group(1)))  # type: ignore[union-attr]
                 seconds, out = _run(["rerender", str(root / "s"), "--out", str(root / "d")])
