@@ -71,15 +71,39 @@ def train_and_evaluate(tmp_path: Path, dataset: Path, env_args: tuple[str, ...],
     return config
 
 
-def test_lerobot_trains_on_a_metaworld_export_and_evaluates_in_its_metaworld_env(tmp_path) -> None:
+def test_lerobot_trains_on_a_rerendered_metaworld_export_and_evaluates_in_its_metaworld_env(tmp_path) -> None:
+    """An export rerendered at another size (with randomized lighting) is a dataset LeRobot trains on and whose
+    checkpoint lerobot-eval runs in LeRobot's own Meta-World env; its sub-task labels give LeRobot's RA-BC weights
+    (docs/examples/rabc_progress.py, then LeRobot's RABCWeights on a LeRobotDataset batch). lerobot-train 0.6.1
+    applies RA-BC only to policies whose loss is per sample (pi0, pi05, smolvla: pretrained models from a hub),
+    not to ACT, so the weights are checked, not trained with."""
+    import torch
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    from lerobot.rewards.sarm.rabc import RABCWeights
+
     dataset = tmp_path / "metaworld-push"
-    done = run_cli("generate", "--task", "metaworld-push-v3", "--episodes", "1", "--option", "image_size=64",
-                   "--option", "shadows=false", "--codec", "h264", "--store", str(tmp_path / "store"),
-                   "--export", str(dataset))
+    done = run_cli("generate", "--task", "metaworld-push-v3", "--episodes", "2", "--option", "image_size=48",
+                   "--option", "shadows=false", "--codec", "h264", "--store", str(tmp_path / "store"))
     assert done.returncode == 0, done.stderr
+    done = run_cli("rerender", str(tmp_path / "store"), "--out", str(dataset), "--option", "image_size=64",
+                   "--randomize", "lighting", "--codec", "h264")
+    assert done.returncode == 0, done.stdout + done.stderr
+    example = Path(__file__).parents[1] / "docs" / "examples" / "rabc_progress.py"
+    progress = subprocess.run([sys.executable, str(example), str(dataset)], capture_output=True, text=True,
+                              timeout=300, env=cli_env(HF_HUB_OFFLINE="1"))
+    assert progress.returncode == 0, progress.stderr[-3000:]
+    weights = RABCWeights(dataset / "sarm_progress.parquet", chunk_size=10, head_mode="dense",
+                          device=torch.device("cpu"))
+    frames = LeRobotDataset("demoforge/rerendered", root=dataset, video_backend="pyav")
+    batch = {"index": torch.stack([frames[i]["index"] for i in range(0, len(frames), max(1, len(frames) // 8))])}
+    values, stats = weights.compute_batch_weights(batch)
+    assert values.shape == (len(batch["index"]),) and torch.isfinite(values).all() and (values >= 0).all()
+    assert values.sum().item() == pytest.approx(len(values), rel=1e-3) and stats["num_zero_weight"] < len(values)
+
     config = train_and_evaluate(tmp_path, dataset, ("--env.type=metaworld", "--env.task=push-v3"), metaworld_steps=20)
     # the features LeRobot's Meta-World env gives a policy, by the names it gives them
     assert set(config["input_features"]) == {"observation.image", "observation.state"}
+    assert config["input_features"]["observation.image"]["shape"] == [3, 64, 64]
     assert config["input_features"]["observation.state"]["shape"] == [4]
     assert config["output_features"]["action"]["shape"] == [4]
 
@@ -94,41 +118,3 @@ def test_lerobot_trains_on_an_aloha_export_and_evaluates_in_its_aloha_env(tmp_pa
                                                     "--env.episode_length=20"))
     assert set(config["input_features"]) == {"observation.images.top", "observation.state"}
     assert config["output_features"]["action"]["shape"] == [14]
-
-
-
-def test_lerobot_trains_on_a_rerendered_dataset_and_weighs_it_by_its_sub_task_labels(tmp_path) -> None:
-    """A rerender (new size, randomized lighting) is a dataset LeRobot's own loop trains on; its sub-task labels
-    give LeRobot's RA-BC weights (docs/examples/rabc_progress.py, then LeRobot's RABCWeights on a batch of
-    LeRobotDataset). lerobot-train 0.6.1 applies RA-BC only to policies whose loss is per sample (pi0, pi05,
-    smolvla: pretrained models from a hub), not to ACT, so the weights are checked here, not trained with."""
-    import torch
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-    from lerobot.rewards.sarm.rabc import RABCWeights
-
-    source, dataset = tmp_path / "store", tmp_path / "push-rerendered"
-    done = run_cli("generate", "--task", "metaworld-push-v3", "--episodes", "2", "--option", "image_size=48",
-                   "--option", "shadows=false", "--codec", "h264", "--store", str(source))
-    assert done.returncode == 0, done.stderr
-    done = run_cli("rerender", str(source), "--out", str(dataset), "--option", "image_size=64", "--randomize",
-                   "lighting", "--codec", "h264")
-    assert done.returncode == 0, done.stdout + done.stderr
-    run = tmp_path / "train"
-    trained = lerobot("lerobot-train", f"--dataset.repo_id=demoforge/{dataset.name}", f"--dataset.root={dataset}",
-                      *TINY_ACT, "--steps=1", "--batch_size=2", "--num_workers=0", "--save_freq=1", "--log_freq=1",
-                      "--wandb.enable=false", f"--output_dir={run}")
-    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
-    config = json.loads((run / "checkpoints" / "last" / "pretrained_model" / "config.json").read_text())
-    assert config["input_features"]["observation.image"]["shape"] == [3, 64, 64]
-
-    example = Path(__file__).parents[1] / "docs" / "examples" / "rabc_progress.py"
-    progress = subprocess.run([sys.executable, str(example), str(dataset)], capture_output=True, text=True,
-                              timeout=300, env=cli_env(HF_HUB_OFFLINE="1"))
-    assert progress.returncode == 0, progress.stderr[-3000:]
-    weights = RABCWeights(dataset / "sarm_progress.parquet", chunk_size=10, head_mode="dense",
-                          device=torch.device("cpu"))
-    frames = LeRobotDataset("demoforge/rerendered", root=dataset, video_backend="pyav")
-    batch = {"index": torch.stack([frames[i]["index"] for i in range(0, len(frames), max(1, len(frames) // 8))])}
-    values, stats = weights.compute_batch_weights(batch)
-    assert values.shape == (len(batch["index"]),) and torch.isfinite(values).all() and (values >= 0).all()
-    assert values.sum().item() == pytest.approx(len(values), rel=1e-3) and stats["num_zero_weight"] < len(values)

@@ -414,7 +414,7 @@ def test_docs_training_snippets_run(exported):
     store, out = exported
     text = (Path(__file__).resolve().parent.parent / "docs" / "sampling.md").read_text()
     *offline, online = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(offline) == 3
+    assert len(offline) == 4  # one loop per mode, then the labels
     namespace: dict = {"__name__": "docs_sampling"}
     for block in offline:
         block = block.replace('"runs/fetch-dataset", 16, 1000', f"{str(out)!r}, 8, 2")
