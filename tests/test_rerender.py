@@ -69,7 +69,7 @@ def test_new_size_and_cameras_with_every_other_column_byte_identical(push_run, t
 def test_variants_differ_in_appearance_only_and_replay(push_run, tmp_path) -> None:
     out = tmp_path / "v"
     done = run_cli("rerender", str(push_run / "s"), "--out", str(out), "--randomize", "lighting,colors",
-                   "--variants", "2", "--executor", "process", "--workers", "2")
+                   "--variants", "2", "--executor", "process")
     assert done.returncode == 0, done.stdout + done.stderr
     new, source = table(out), table(push_run / "d")
     records = sidecar(out)
@@ -155,7 +155,7 @@ def test_a_task_whose_planner_changes_the_env_rerenders_with_depth_added(tmp_pat
     """fetch-pick-place places each cycle's goal as it plans it: rerender walks the task's own plan in step with
     the recorded actions, so the goal (a recorded state) is where it was."""
     store, out = tmp_path / "s", tmp_path / "r"
-    done = run_cli("generate", "--task", "fetch-pick-place", "--option", "cycles=2", "--option", "image_size=48",
+    done = run_cli("generate", "--task", "fetch-pick-place", "--option", "cycles=1", "--option", "image_size=48",
                    "--episodes", "2", "--store", str(store), "--export", str(tmp_path / "d"))
     assert done.returncode == 0, done.stderr
     done = run_cli("rerender", str(store), "--out", str(out), "--depth")
@@ -171,7 +171,7 @@ def test_reactive_experts_see_each_recorded_segment_end_as_they_did(tmp_path) ->
     """Meta-World's reactive expert ends a segment when, asked for one more action, it finds its phase changed:
     rerender asks it as the executor did (pick-place's validators refused every episode otherwise)."""
     store, out = tmp_path / "s", tmp_path / "r"
-    done = run_cli("generate", "--task", "metaworld-pick-place-v3", "--option", "camera=none", "--episodes", "3",
+    done = run_cli("generate", "--task", "metaworld-pick-place-v3", "--option", "camera=none", "--episodes", "2",
                    "--store", str(store), "--export", str(tmp_path / "d"))
     assert done.returncode == 0, done.stderr
     done = run_cli("rerender", str(store), "--out", str(out), "--option", "camera=corner2", "--option",
