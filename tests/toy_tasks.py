@@ -67,11 +67,15 @@ register(TaskEntry(name="toy-point", defaults=DEFAULTS, describe=describe, make_
 
 
 class NoisyPointEnv(CameraPointEnv):
-    """Not reproducible: each step adds noise drawn from numpy's global generator, which no seed reaches."""
+    """Not reproducible: each step adds noise from a generator seeded by the OS, which no seed reaches (numpy's
+    global generator was not enough: a library can seed it, and the same first draws in two processes made a
+    replay diverge one frame late now and then)."""
+
+    _entropy = np.random.default_rng()
 
     def step(self, action):
         observation, reward, terminated, truncated, info = super().step(action)
-        self.x += float(np.random.normal(0.0, 0.01))
+        self.x += float(self._entropy.normal(0.0, 0.01))
         return self._obs(), float(self.x), terminated, truncated, info
 
 
