@@ -28,6 +28,7 @@ from demoforge.pipeline.rerender_spec import RerenderSpec
 from demoforge.pipeline.tasks.randomization import APPEARANCE_AXES, RANDOMIZE, RANGES, parse_axes
 from demoforge.pipeline.tasks.registry import TaskEntry, get_task
 from demoforge.stages.contract import ObservationError, RecordedObservation, Segment, find_task_method, iter_segments
+from demoforge.stages.executor import default_record
 
 
 class RerenderInputError(ValueError):
@@ -36,7 +37,8 @@ class RerenderInputError(ValueError):
 
 # ---------------------------------------------------------------------------------------------- the env
 class RerenderedEpisodes(gym.Wrapper):
-    """The task's env playing a recorded job's episodes back (see the module docstring)."""
+    """The task's env playing a recorded job's episodes back (see the module docstring). The success check and the
+    hold action stay the task's own: the executor finds them through the wrapper chain."""
 
     def __init__(self, env: gym.Env, spec: RerenderSpec, task: str) -> None:
         super().__init__(env)
@@ -78,7 +80,7 @@ class RerenderedEpisodes(gym.Wrapper):
         drawn = inner(seed, self._variant) if inner is not None else None
         recorded = self._episode.record.get("randomization") or {}
         for axis in set(drawn or {}) | set(recorded):
-            if axis in ("lighting", "colors", "camera", "axes", "variant"):
+            if axis in APPEARANCE_AXES or axis in ("axes", "variant"):
                 continue
             if (drawn or {}).get(axis) != recorded.get(axis):
                 raise ObservationError(f"the {axis} drawn from the episode's seed differs from the recorded one: "
@@ -117,9 +119,7 @@ class RerenderedEpisodes(gym.Wrapper):
                           metadata=dict(seg.get("metadata") or {}), validator=planned.validator)
 
     def demo_record(self, observation: Any) -> RecordedObservation:
-        inner = find_task_method(self.env, "demo_record")
-        replayed = inner(observation) if inner is not None else RecordedObservation(
-            state={"observation.state": np.asarray(observation)})
+        replayed = (find_task_method(self.env, "demo_record") or default_record)(observation)
         ep, t = self._episode, self._frame
         state: dict[str, np.ndarray] = {}
         for name, values in ep.state.items():
@@ -134,17 +134,8 @@ class RerenderedEpisodes(gym.Wrapper):
         self._frame += 1
         return RecordedObservation(state=state, images=dict(replayed.images))
 
-    def demo_success(self, observation: Any, info: Mapping[str, Any]) -> Any:
-        inner = find_task_method(self.env, "demo_success")
-        return inner(observation, info) if inner is not None else None
-
     def demo_instruction(self) -> str | None:
         return self._episode.record.get("instruction")
-
-    def demo_hold_action(self) -> Any:
-        inner = find_task_method(self.env, "demo_hold_action")
-        return inner() if inner is not None else np.zeros(self.action_space.shape, dtype=np.float32)
-
 
 def _in_step(planned: Iterable[Any], recorded: np.ndarray) -> Iterator[np.ndarray]:
     """The recorded actions, each after the planner computed its own for the same state (its side effects)."""
