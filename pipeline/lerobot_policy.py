@@ -10,6 +10,7 @@ postprocessor's action goes to the env.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -35,6 +36,16 @@ def _load_config(path: Path) -> Any:
     except Exception as exc:
         raise PolicyLoadError(f"--driver {short_path(path)}: not a LeRobot policy checkpoint "
                               f"({type(exc).__name__}: {exc})"[:600]) from None
+
+
+def _check_features(path: Path, wanted: Mapping[str, tuple[int, ...]], actions: list[tuple[int, ...]],
+                    task_features: Mapping[str, tuple[int, ...]], action_shape: tuple[int, ...]) -> None:
+    problems = feature_mismatch(wanted, task_features)
+    if actions and actions[0] != tuple(action_shape):
+        problems.append(f"action {actions[0]} (the task's action is {tuple(action_shape)})")
+    if problems:
+        raise PolicyLoadError(f"--driver {short_path(path)}: the checkpoint's features do not match the task: "
+                              + "; ".join(problems))
 
 
 class CheckpointPolicy:
@@ -74,24 +85,40 @@ class CheckpointPolicy:
         return np.asarray(action.squeeze(0).cpu().numpy(), dtype=np.float32)
 
 
+def _declared_features(path: Path) -> tuple[dict[str, tuple[int, ...]], list[tuple[int, ...]]] | None:
+    """The input features (HWC for images, as the task records them) and action shapes that ``config.json``
+    declares, read as plain JSON: a checkpoint for another task is refused before LeRobot and torch are
+    imported (seconds). None when the file does not read so; LeRobot's own loader then has the last word."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+        wanted: dict[str, tuple[int, ...]] = {}
+        for name, feature in config["input_features"].items():
+            shape = tuple(int(n) for n in feature["shape"])
+            if feature["type"] == "VISUAL" and len(shape) == 3:  # LeRobot keeps CHW; the task records HWC
+                shape = (shape[1], shape[2], shape[0])
+            wanted[name] = shape
+        actions = [tuple(int(n) for n in f["shape"]) for f in config["output_features"].values()]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return wanted, actions
+
+
 def checkpoint_policy(path: Path, task_features: Mapping[str, tuple[int, ...]],
                       action_shape: tuple[int, ...]) -> Callable[[], Policy]:
     """Check the checkpoint against the task (every input feature recorded with its shape, the action's
     shape), then return a builder of loaded policies."""
+    declared = _declared_features(path)
+    if declared is not None:
+        _check_features(path, *declared, task_features, action_shape)
     config = _load_config(path)
     wanted: dict[str, tuple[int, ...]] = {}
     for name, feature in config.input_features.items():
         shape = tuple(feature.shape)
-        if feature.type.name == "VISUAL" and len(shape) == 3:  # LeRobot keeps CHW; the task records HWC
+        if feature.type.name == "VISUAL" and len(shape) == 3:
             shape = (shape[1], shape[2], shape[0])
         wanted[name] = shape
-    problems = feature_mismatch(wanted, task_features)
-    actions = [tuple(f.shape) for f in config.output_features.values()]
-    if actions and actions[0] != tuple(action_shape):
-        problems.append(f"action {actions[0]} (the task's action is {tuple(action_shape)})")
-    if problems:
-        raise PolicyLoadError(f"--driver {short_path(path)}: the checkpoint's features do not match the task: "
-                              + "; ".join(problems))
+    _check_features(path, wanted, [tuple(f.shape) for f in config.output_features.values()], task_features,
+                    action_shape)
 
     def make() -> Policy:
         return CheckpointPolicy(path, _load_config(path))

@@ -25,58 +25,41 @@ TINY_ACT = ("--policy.type=act", "--policy.device=cpu", "--policy.push_to_hub=fa
             "--policy.chunk_size=50", "--policy.n_action_steps=50")
 
 
-# LeRobot's Meta-World env fixes its episodes at 500 steps (``MetaworldEnv._max_episode_steps``, no option), and
-# an untrained policy never ends one early: 500 renders at 480x480 with shadows are minutes on two CPU cores.
-# The test runs lerobot-eval's own main() with that one number lowered; everything else (the env, its rendering,
-# loading the checkpoint, the pre/post-processors, the rollout) is LeRobot's. tools/bench_metaworld.py --eval
-# runs the full-length episode.
-EVAL_WITH_SHORT_METAWORLD_EPISODES = """
-import sys
-import lerobot.envs.metaworld as metaworld_env
-steps = int(sys.argv.pop(1))
-original = metaworld_env.MetaworldEnv.__init__
-def short(self, *args, **kwargs):
-    original(self, *args, **kwargs)
-    self._max_episode_steps = steps
-metaworld_env.MetaworldEnv.__init__ = short
-from lerobot.scripts.lerobot_eval import main
-main()
-"""
-
-
-def lerobot(command: str, *args: str, timeout: float = 900,
-            metaworld_steps: int | None = None) -> subprocess.CompletedProcess[str]:
+def lerobot(command: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = cli_env(HF_HUB_OFFLINE="1", WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
     argv = [str(BIN / command), *args]
-    if metaworld_steps is not None:
-        argv = [sys.executable, "-c", EVAL_WITH_SHORT_METAWORLD_EPISODES, str(metaworld_steps), *args]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-def train_and_evaluate(tmp_path: Path, dataset: Path, env_args: tuple[str, ...],
-                       metaworld_steps: int | None = None) -> dict:
+def train(tmp_path: Path, dataset: Path) -> Path:
+    """lerobot-train, one step; the checkpoint it saved."""
     run = tmp_path / "train"
     trained = lerobot("lerobot-train", f"--dataset.repo_id=demoforge/{dataset.name}", f"--dataset.root={dataset}",
                       *TINY_ACT, "--steps=1", "--batch_size=2", "--num_workers=0", "--save_freq=1", "--log_freq=1",
                       "--wandb.enable=false", f"--output_dir={run}")
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
-    checkpoint = run / "checkpoints" / "last" / "pretrained_model"
+    return run / "checkpoints" / "last" / "pretrained_model"
+
+
+def train_and_evaluate(tmp_path: Path, dataset: Path, env_args: tuple[str, ...]) -> dict:
+    checkpoint = train(tmp_path, dataset)
     config = json.loads((checkpoint / "config.json").read_text())
     evaluated = lerobot("lerobot-eval", f"--policy.path={checkpoint}", *env_args, "--eval.n_episodes=1",
-                        "--eval.batch_size=1", "--policy.device=cpu", f"--output_dir={tmp_path / 'eval'}",
-                        metaworld_steps=metaworld_steps)
+                        "--eval.batch_size=1", "--policy.device=cpu", f"--output_dir={tmp_path / 'eval'}")
     assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
     info = json.loads((tmp_path / "eval" / "eval_info.json").read_text())
     assert info["overall"]["n_episodes"] == 1, info["overall"]
     return config
 
 
-def test_lerobot_trains_on_a_rerendered_metaworld_export_and_evaluates_in_its_metaworld_env(tmp_path) -> None:
-    """An export rerendered at another size (with randomized lighting) is a dataset LeRobot trains on and whose
-    checkpoint lerobot-eval runs in LeRobot's own Meta-World env; its sub-task labels give LeRobot's RA-BC weights
+def test_lerobot_trains_on_a_rerendered_metaworld_export(tmp_path) -> None:
+    """An export rerendered at another size (with randomized lighting) is a dataset LeRobot trains on, with the
+    input features LeRobot's Meta-World env gives a policy; its sub-task labels give LeRobot's RA-BC weights
     (docs/examples/rabc_progress.py, then LeRobot's RABCWeights on a LeRobotDataset batch). lerobot-train 0.6.1
     applies RA-BC only to policies whose loss is per sample (pi0, pi05, smolvla: pretrained models from a hub),
-    not to ACT, so the weights are checked, not trained with."""
+    not to ACT, so the weights are checked, not trained with. (The frames and state LeRobot's Meta-World env
+    gives a policy are compared with ours in test_metaworld.py; `lerobot-eval` of such a checkpoint in that env,
+    a 500-step episode of minutes on two cores, is `tools/bench_metaworld.py --eval`.)"""
     import torch
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
     from lerobot.rewards.sarm.rabc import RABCWeights
@@ -100,7 +83,7 @@ def test_lerobot_trains_on_a_rerendered_metaworld_export_and_evaluates_in_its_me
     assert values.shape == (len(batch["index"]),) and torch.isfinite(values).all() and (values >= 0).all()
     assert values.sum().item() == pytest.approx(len(values), rel=1e-3) and stats["num_zero_weight"] < len(values)
 
-    config = train_and_evaluate(tmp_path, dataset, ("--env.type=metaworld", "--env.task=push-v3"), metaworld_steps=20)
+    config = json.loads((train(tmp_path, dataset) / "config.json").read_text())
     # the features LeRobot's Meta-World env gives a policy, by the names it gives them
     assert set(config["input_features"]) == {"observation.image", "observation.state"}
     assert config["input_features"]["observation.image"]["shape"] == [3, 64, 64]

@@ -88,7 +88,7 @@ def make_store(path: Path) -> None:
 def test_short_crash_campaign(tmp_path):
     report_path = tmp_path / "report.json"
     started = time.monotonic()
-    result = subprocess.run([sys.executable, str(REPO / "tools" / "crash_campaign.py"), "--trials", "3", "--seed", "1",
+    result = subprocess.run([sys.executable, str(REPO / "tools" / "crash_campaign.py"), "--trials", "3", "--seed", "1", "--episodes", "4",
                              "--out", str(report_path), "--workdir", str(tmp_path / "work")],
                             env=cli_env(HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=600,
                             stdin=subprocess.DEVNULL)
