@@ -98,6 +98,10 @@ class GenerationDaemon:
             self._since_export += 1
             if self.config.export_dir is not None and self._since_export >= self.config.export_every_episodes:
                 self._export_due.set()
+        elif result.kept:  # durable too, an episode of its own; it fills no slot of the target
+            self.log.emit("failure_kept", episode=item.ended.key.episode_id, index=item.ended.key.episode_index,
+                          frames=item.ended.frames, reason=result.terminal_reason.value, detail=result.failure_reason,
+                          attempt=result.attempt, seed=result.seed)
         else:
             self.log.emit("episode_discarded", episode=item.ended.key.episode_id, reason=result.terminal_reason.value,
                           detail=result.failure_reason, attempt=result.attempt, seed=result.seed)

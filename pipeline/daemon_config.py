@@ -48,7 +48,9 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
             "queue_frames": ((int,), "queue capacity"), "options": ((dict,), "task options table"),
             "step_timeout_seconds": ((int, float), "seconds an env call may take before its attempt is aborted"),
             "max_consecutive_abandoned": ((int,), "stop when this many episodes in a row were abandoned (0: never)"),
-            "executor": ((str,), "where env workers run: thread, process or ray")},
+            "executor": ((str,), "where env workers run: thread, process or ray"),
+            "keep_failures": ((bool,), "also commit failed attempts as episodes of their own (generate "
+                                       "--keep-failures); periodic exports take the job's episodes only")},
     "ray": {"address": ((str,), "HOST:PORT or \"auto\" of a running Ray cluster (default: start a local Ray)"),
             "num_workers": ((int,), "Ray actors (default: job.workers)"),
             "cpus_per_worker": ((int, float), "CPUs each actor reserves"),
@@ -130,7 +132,7 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
                        step_timeout_s=float(job.get("step_timeout_seconds", 60.0)),
                        max_consecutive_abandoned=job.get("max_consecutive_abandoned",
                                                          DEFAULT_MAX_CONSECUTIVE_ABANDONED),
-                       control=_control(raw.get("control")))
+                       control=_control(raw.get("control")), keep_failures=job.get("keep_failures", False))
         from demoforge.pipeline.tasks.registry import get_task
 
         get_task(spec.task).resolve_options(spec.task_options)

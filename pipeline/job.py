@@ -39,6 +39,9 @@ class JobSpec:
     # Re-simulate a recorded job's episodes (pipeline/rerender.py): ``episodes`` is sources x variants, each
     # index is run once, in order, and an episode that cannot be rerendered is reported, never replaced
     rerender: RerenderSpec | None = None
+    # Commit failed attempts (contract.KEEPABLE_FAILURES) as episodes of their own besides the ``episodes``
+    # successes (generate --keep-failures); fixed for the life of the store (in the fingerprint)
+    keep_failures: bool = False
 
     def __post_init__(self) -> None:
         checks = {"episodes": (self.episodes, 0, 10_000_000), "max_attempts": (self.max_attempts, 1, 1000),
@@ -99,4 +102,5 @@ class JobSpec:
                            action_shape=tuple(info.action_shape), video=self.video.identity(), seed=self.seed,
                            chunk_frames=self.chunk_frames, depth_video=depth,
                            control=self.control.to_json() if self.control is not None else None,
-                           rerender=self.rerender.to_json() if self.rerender is not None else None)
+                           rerender=self.rerender.to_json() if self.rerender is not None else None,
+                           keep_failures=self.keep_failures)

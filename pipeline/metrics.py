@@ -18,7 +18,11 @@ class JobMetrics:
         self.committed = Counter("demoforge_episodes_committed", "Episodes committed", registry=r)
         self.discarded = Counter("demoforge_episodes_discarded", "Attempts discarded, by reason", ["reason"],
                                  registry=r)
-        self.attempts = Counter("demoforge_attempts", "Attempts that ended (committed or discarded)", registry=r)
+        self.failures_kept = Counter("demoforge_failures_kept", "Failed attempts committed as episodes of their own "
+                                     "(job.keep_failures), by reason; not counted as committed episodes",
+                                     ["reason"], registry=r)
+        self.attempts = Counter("demoforge_attempts", "Attempts that ended (committed, kept or discarded)",
+                                registry=r)
         self.frames = Counter("demoforge_frames", "Frames committed", registry=r)
         self.frames_per_s = Gauge("demoforge_frames_per_second", "Committed frames per second since start",
                                   registry=r)
@@ -58,6 +62,8 @@ class JobMetrics:
             self.committed.inc()
             self.frames.inc(item.ended.frames)
             self.last_commit.set(time.time())
+        elif result.kept:
+            self.failures_kept.labels(result.terminal_reason.value).inc()
         else:
             self.discarded.labels(result.terminal_reason.value).inc()
 

@@ -124,6 +124,9 @@ class EpisodeVerdict:
     version_differences: tuple[str, ...] = ()
     error: str | None = None
     seconds: float = 0.0
+    # How the recorded attempt ended, which a reproduced replay ended the same way at the same frame: "success",
+    # or e.g. "truncated at frame 39, in segment 'push'" for a failure (a kept failure, a policy's rollout)
+    outcome: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -625,5 +628,17 @@ def replay_episode(source: EpisodeSource, ref: EpisodeRef, settings: ReplaySetti
                           verdict=DIVERGED if divergence else REPRODUCED, divergence=divergence,
                           mismatched_frames=mismatched, max_errors=dict(replay.max_errors),
                           min_psnr_db=dict(replay.min_psnr), depth_differing_frames=dict(replay.depth_differing),
-                          expert=expert, versions=versions,
+                          expert=expert, versions=versions, outcome=recorded_outcome(episode.record, ref.frames),
                           version_differences=differences, seconds=time.perf_counter() - started)
+
+
+def recorded_outcome(record: Mapping[str, Any], frames: int) -> str | None:
+    """The recorded end of an attempt in words (None when the input records no outcome)."""
+    if "success" not in record:
+        return None
+    if record["success"]:
+        return "success"
+    segment = (record.get("failed_segment") or {}).get("name") or next(
+        (s.get("name") for s in record.get("segments", []) if not s.get("success", True)), None)
+    return f"{record.get('terminal_reason') or 'failure'} at frame {frames - 1}" + \
+        (f", in segment {segment!r}" if segment else "")

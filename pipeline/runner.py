@@ -50,6 +50,8 @@ class JobStats:
     committed_before: int = 0
     committed: int = 0
     discarded: Counter[str] = field(default_factory=Counter)
+    failures_kept: Counter[str] = field(default_factory=Counter)  # this run's, by terminal reason
+    failures_kept_before: int = 0
     abandoned: int = 0
     frames: int = 0
     attempts: int = 0
@@ -100,6 +102,9 @@ class JobReport:
     # a suite's members, in the suite's order; empty for a job of one task
     per_task: tuple[TaskOutcome, ...] = ()
     workers: WorkerCount | None = None  # remote executors: workers running at the end, the most wanted, lost
+    # failed attempts kept as episodes of their own (--keep-failures): this run's by reason, and in all
+    failures_kept: dict[str, int] = field(default_factory=dict)
+    failures_kept_total: int = 0
 
     @property
     def complete(self) -> bool:
@@ -188,6 +193,7 @@ class JobRunner:
             self._loop_thread = threading.get_ident()
             stats = self.stats
             stats.committed_before = len(resume.committed)
+            stats.failures_kept_before = store.catalog.kept_failure_count()
             members = info.suite
             if members:
                 stats.per_task_target = spec.episodes
@@ -207,6 +213,8 @@ class JobRunner:
                     stats.frames += item.ended.frames
                     if members:
                         stats.per_task[result.task] += 1
+                elif result.kept:
+                    stats.failures_kept[result.terminal_reason.value] += 1
                 else:
                     stats.discarded[result.terminal_reason.value] += 1
                 stats.attempts += 1
@@ -235,7 +243,8 @@ class JobRunner:
                         step = StepSettings(task=spec.task, job_seed=spec.seed, max_attempts=spec.max_attempts,
                                             num_envs=spec.num_envs, cameras=info.cameras,
                                             step_timeout_s=spec.step_timeout_s, send_batch=max(1, q // 4),
-                                            control=spec.control, make_policy=self.make_policy)
+                                            control=spec.control, make_policy=self.make_policy,
+                                            keep_failures=spec.keep_failures)
                         make_env = functools.partial(build_job_env, self.entry, spec.task_options, spec.rerender)
                         for worker in range(spec.workers):
                             tg.start_soon(step_stage, worker, make_env, step, assign_recv.clone(), step_send.clone(),
@@ -268,7 +277,8 @@ class JobRunner:
                          abandoned=len(planner.abandoned), frames_this_run=stats.frames,
                          elapsed_s=time.monotonic() - stats.started_at, recovery=store.recovery,
                          interrupted=self._stop.is_set(), runaway=planner.runaway, workers=stats.workers,
-                         per_task=per_task)
+                         per_task=per_task, failures_kept=dict(stats.failures_kept),
+                         failures_kept_total=stats.failures_kept_before + sum(stats.failures_kept.values()))
 
     async def _watch_signals(self, tg: TaskGroup) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -1,5 +1,8 @@
 """Commit stage: the only place an attempt becomes data or is thrown away.
 
+A failure kept as data (``generate --keep-failures``) is committed the same way, flagged in its catalog row:
+it is an episode of its own that fills no slot of the job.
+
 Commit order is what makes a crash harmless: fsync the attempt's files (and directories) first, then flip
 its catalog row in one transaction. A crash before the flip leaves a staging row that start-up recovery
 discards; after it, the episode is committed and complete. A discard flips the row first, then deletes.
@@ -14,6 +17,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from demoforge.stages.context import StageContext
+from demoforge.stages.contract import EpisodeResult
 from demoforge.stages.plan import EpisodePlanner
 from demoforge.stages.records import EpisodeAbandoned, Record, StagedAttempt
 from demoforge.storage.catalog import Catalog
@@ -38,15 +42,18 @@ async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt
             result = ended.result
             mark = time.perf_counter()
             episode_id = ended.key.episode_id
-            if result.committable:
+            if result.keeps_data:
                 await anyio.to_thread.run_sync(staging.make_durable, episode_id)
                 if delay_s:
                     await anyio.sleep(delay_s)
                 await anyio.to_thread.run_sync(lambda: catalog.commit(
                     episode_id, frames=ended.frames, video_bytes=item.video_bytes,
                     content_hash=item.content_hash or "",
-                    record={**result.to_record(), "versions": library_versions()}))
-                planner.finished(ended.key.episode_index, committed=True)
+                    record={**result.to_record(), "versions": library_versions()}, kept_failure=result.kept))
+                if result.committable:
+                    planner.finished(ended.key.episode_index, committed=True)
+                else:  # a failure kept as data: its slot is retried (the executor starts the next attempt)
+                    planner.attempt_discarded(_reason(result), ended.key.episode_index)
             else:
                 def discard() -> None:
                     catalog.discard(episode_id, reason=result.failure_reason or result.terminal_reason.value,
@@ -55,9 +62,12 @@ async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt
                     staging.delete_episode(episode_id)
 
                 await anyio.to_thread.run_sync(discard)
-                planner.attempt_discarded(f"{result.terminal_reason.value}: {result.failure_reason}"
-                                          if result.failure_reason else result.terminal_reason.value,
-                                          ended.key.episode_index)
+                planner.attempt_discarded(_reason(result), ended.key.episode_index)
             context.busy.add("commit", time.perf_counter() - mark)
             if on_outcome is not None:
                 on_outcome(item)
+
+
+def _reason(result: EpisodeResult) -> str:
+    return f"{result.terminal_reason.value}: {result.failure_reason}" if result.failure_reason else \
+        result.terminal_reason.value

@@ -65,6 +65,11 @@ NOT_COUNTED = frozenset({TerminalReason.INTERRUPTED})
 # A policy's rollout that the env ended without success is data too: its states are where the policy goes
 # wrong, and every label is still the expert's (stages/control.py). Its last frame carries the flag that ended it.
 KEPT_POLICY_FAILURES = frozenset({TerminalReason.FAILURE, TerminalReason.TRUNCATED})
+#: Failed attempts that `generate --keep-failures` keeps as episodes of their own (besides the successes):
+#: the env said no, the env truncated, a segment's validator said no, or the plan ran out without success.
+#: Errors (a raising task, env or policy), interruptions and empty plans are not data.
+KEEPABLE_FAILURES = frozenset({TerminalReason.FAILURE, TerminalReason.TRUNCATED,
+                               TerminalReason.SEGMENT_VALIDATION_FAILED, TerminalReason.TASK_INCOMPLETE})
 POLICY_DRIVER = "policy"
 
 
@@ -243,6 +248,7 @@ class EpisodeResult:
     driver: str | None = None  # who drove (stages/control.py), None: the expert, with nothing else recorded
     interventions: int = 0  # the expert's takeovers of a policy
     randomization: Mapping[str, Any] | None = None  # what demo_randomize drew for this attempt
+    kept: bool = False  # a failed attempt kept as an episode of its own (generate --keep-failures)
 
     @property
     def succeeded(self) -> bool:
@@ -251,6 +257,11 @@ class EpisodeResult:
     @property
     def committable(self) -> bool:
         return self.succeeded or (self.driver == POLICY_DRIVER and self.terminal_reason in KEPT_POLICY_FAILURES)
+
+    @property
+    def keeps_data(self) -> bool:
+        """The attempt's frames become data: a committable attempt, or a failure kept (not filling its slot)."""
+        return self.committable or self.kept
 
     @property
     def counts_as_attempt(self) -> bool:
@@ -268,6 +279,13 @@ class EpisodeResult:
                 return f"{seg.name}: {seg.failure_reason}"
         return self.terminal_reason.value
 
+    @property
+    def failed_segment(self) -> SegmentResult | None:
+        """The segment the attempt failed in: the first whose check failed, else the last one it entered."""
+        if self.succeeded or not self.segments:
+            return None
+        return next((s for s in self.segments if not s.success), self.segments[-1])
+
     def to_record(self) -> dict[str, Any]:
         """A JSON-safe dict with the schema version; :meth:`from_record` reads it back."""
         return {"schema_version": SCHEMA_VERSION, "task": self.task, "episode_index": self.episode_index,
@@ -280,7 +298,13 @@ class EpisodeResult:
                 "segments": [s.to_record() for s in self.segments],
                 # Only for controlled jobs: an expert-only record is unchanged.
                 **({"driver": self.driver, "interventions": self.interventions} if self.driver else {}),
-                **({"randomization": dict(self.randomization)} if self.randomization is not None else {})}
+                **({"randomization": dict(self.randomization)} if self.randomization is not None else {}),
+                # Only for failures kept as data: which segment failed (its id and name) and that it was kept.
+                **({"kept_failure": True, "failed_segment": self._failed_segment_record()} if self.kept else {})}
+
+    def _failed_segment_record(self) -> dict[str, Any] | None:
+        seg = self.failed_segment
+        return None if seg is None else {"segment_id": seg.segment_id, "name": seg.name}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> EpisodeResult:
@@ -299,7 +323,7 @@ class EpisodeResult:
                    error_type=record.get("error_type"),
                    duration_s=float((record.get("timings") or {}).get("duration_s", 0.0)),
                    driver=record.get("driver"), interventions=int(record.get("interventions") or 0),
-                   randomization=record.get("randomization"))
+                   randomization=record.get("randomization"), kept=bool(record.get("kept_failure", False)))
 
 
 # ----------------------------------------------------------------------------------- task resolution

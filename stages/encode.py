@@ -225,7 +225,7 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
                     await slots_send.send(_FrameSlot(record))
                 else:
                     if isinstance(record, AttemptEnded):
-                        lanes.submit_end(record.key, keep=record.result.committable)
+                        lanes.submit_end(record.key, keep=record.result.keeps_data)
                     await slots_send.send(record)
 
     async def emit(stage: anyio.CancelScope) -> None:
@@ -242,7 +242,7 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
                                                   for name, data in video.items()}))
                 elif isinstance(slot, AttemptEnded):
                     ended = {n: t for n, t in (await lanes.next_result()).items() if isinstance(t, CameraTail)}
-                    if slot.result.committable:
+                    if slot.result.keeps_data:
                         await send.send(VideoTail(slot.key, {n: t.data for n, t in ended.items()},
                                                   {n: t.stats for n, t in ended.items()}))
                     await send.send(slot)

@@ -10,6 +10,7 @@ still (the task's ``demo_hold_action``, else zeros) and records nothing while th
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -23,6 +24,7 @@ from demoforge.stages.contract import (
     DemoError,
     EnvError,
     EpisodeResult,
+    KEEPABLE_FAILURES,
     ObservationError,
     RecordedObservation,
     Segment,
@@ -170,9 +172,10 @@ class _Attempt:
 
     def __init__(self, task: str, env: Any, key: AttemptKey, seed: int, row: int,
                  action_space: gym.Space, shapes: _Shapes, cameras: Mapping[str, CameraSpec] | None = None,
-                 control: ControlSpec | None = None) -> None:
+                 control: ControlSpec | None = None, keep_failures: bool = False) -> None:
         self.task, self.env, self.key, self.seed, self.row = task, env, key, seed, row
         self.control_spec = control
+        self.keep_failures = keep_failures
         self.control: AttemptControl | None = None  # built at begin(), after the reset
         self.executed: np.ndarray | None = None  # what the next step executes (the label unless controlled)
         self.intervened = False
@@ -341,6 +344,8 @@ class _Attempt:
             driver=self.control_spec.describe() if self.control_spec is not None else None,
             interventions=self.control.interventions if self.control is not None else 0,
             randomization=self.randomization)
+        if self.keep_failures and self.step > 0 and reason in KEEPABLE_FAILURES and not self.result.committable:
+            self.result = dataclasses.replace(self.result, kept=True)
 
     def fail(self, error: DemoError) -> None:
         error.locate(**self.where())
@@ -489,12 +494,14 @@ class Executor:
     ``interrupted`` and :meth:`run` returns. ``cameras``, the task's declared cameras, says which images are
     depth (checked as float metres); without it every image must be RGB. ``control`` says who drives
     (stages/control.py); a driven job's ``make_policy`` builds one policy per row (policies keep state).
+    ``keep_failures``: a failed attempt of a kept kind (contract.KEEPABLE_FAILURES) ends with ``kept`` set, so
+    its frames become an episode of their own; its slot is retried as after any failure.
     """
 
     def __init__(self, env: gym.Env | gym.vector.VectorEnv, *, task: str, job_seed: int = 0,
                  max_attempts: int = 3, interrupt: Callable[[], bool] | None = None, worker: int = 0,
                  cameras: tuple[CameraSpec, ...] | None = None, control: ControlSpec | None = None,
-                 make_policy: Callable[[], Policy] | None = None) -> None:
+                 make_policy: Callable[[], Policy] | None = None, keep_failures: bool = False) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self.rows = _Rows(env)
@@ -509,6 +516,7 @@ class Executor:
         if control is not None and control.driver is not None and make_policy is None:
             raise ValueError("a driven job needs make_policy")
         self.control = control
+        self.keep_failures = keep_failures
         self._make_policy = make_policy
         self._policies: list[Policy | None] = [None] * self.rows.n  # one per row: policies keep state
 
@@ -536,7 +544,7 @@ class Executor:
         key = AttemptKey(slot.assignment.episode_index, attempt)
         seed = derive_seed(self.job_seed, key.episode_index, attempt)
         att = _Attempt(self.task, self.rows.row_envs[row], key, seed, row, self.rows.action_space, self._shapes,
-                       self._cameras, self.control)
+                       self._cameras, self.control, self.keep_failures)
         slot.start(att)
         try:
             select = find_task_method(att.env, "demo_select_episode")
@@ -659,8 +667,8 @@ class Executor:
 def run_episodes(env: gym.Env | gym.vector.VectorEnv, *, task: str, episodes: int, job_seed: int = 0,
                  max_attempts: int = 3, cameras: tuple[CameraSpec, ...] | None = None,
                  layout: EpisodeLayout | None = None, control: ControlSpec | None = None,
-                 make_policy: Callable[[], Policy] | None = None) -> Iterator[Record]:
+                 make_policy: Callable[[], Policy] | None = None, keep_failures: bool = False) -> Iterator[Record]:
     """Convenience: run episodes ``0..episodes-1`` (of every member of a suite's ``layout``) and yield every
-    record (``cameras``, ``control``, ``make_policy``: see :class:`Executor`)."""
+    record (``cameras``, ``control``, ``make_policy``, ``keep_failures``: see :class:`Executor`)."""
     yield from Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts, cameras=cameras,
-                        control=control, make_policy=make_policy).run(EpisodeRange(episodes, layout=layout))
+                        control=control, make_policy=make_policy, keep_failures=keep_failures).run(EpisodeRange(episodes, layout=layout))

@@ -107,7 +107,7 @@ class Frame:
 
 @dataclass(frozen=True)
 class AttemptEnded:
-    """The attempt is over; ``result.committable`` says whether the commit stage may keep it."""
+    """The attempt is over; ``result.keeps_data`` says whether the commit stage keeps its frames."""
 
     key: AttemptKey
     result: EpisodeResult
@@ -153,7 +153,7 @@ class CameraTail:
 @dataclass(frozen=True, eq=False)
 class VideoTail:
     """The bytes each camera's encoder flushed when its attempt ended, and each camera's frame statistics
-    (committable attempts only)."""
+    (attempts whose data is kept only)."""
 
     key: AttemptKey
     video: Mapping[str, bytes]
@@ -163,7 +163,7 @@ class VideoTail:
 # ----------------------------------------------------------------------------- after the write stage
 @dataclass(frozen=True)
 class StagedAttempt:
-    """An ended attempt whose data (if committable) is fully written, awaiting commit or discard."""
+    """An ended attempt whose data (if kept) is fully written, awaiting commit or discard."""
 
     ended: AttemptEnded
     video_bytes: Mapping[str, int]

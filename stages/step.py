@@ -138,6 +138,7 @@ class StepSettings:
     send_batch: int = 1
     send_wait_s: float = 0.005
     control: ControlSpec | None = None  # who drives (stages/control.py); make_policy builds a driving policy
+    keep_failures: bool = False  # failed attempts end kept (stages/executor.py Executor)
     make_policy: Callable[[], Policy] | None = None
 
 
@@ -236,6 +237,7 @@ class _EnvThread:
                                 max_attempts=settings.max_attempts,
                                 interrupt=lambda: stop.is_set() or state.abandoned, worker=self.worker,
                                 cameras=settings.cameras, control=settings.control,
+                                keep_failures=settings.keep_failures,
                                 make_policy=settings.make_policy)
             work = _StreamWork(self.assignments, stop, state, self.token, self.carried, before_wait=self._flush)
             for record in executor.run(work):

@@ -106,7 +106,7 @@ async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryOb
                 elif isinstance(record, AttemptEnded):
                     writer = writers.pop(record.key)
                     cameras = camera_stats.pop(record.key, {})
-                    if record.result.committable:
+                    if record.result.keeps_data:
                         if writer.frames != record.frames:
                             raise RuntimeError(f"{record.key.episode_id}: write stage saw {writer.frames} frames, "
                                                f"the executor emitted {record.frames}")

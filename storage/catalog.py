@@ -12,7 +12,9 @@ staged files: the row, its counts and content hash stay; readers of staged data 
 An attempt whose run died while staging is discarded by recovery with ``counted = 0``: it is retried
 with the same attempt number and seed and does not count against ``max_attempts``.
 One transaction flips a state; partial unique indexes make a second commit of one episode index
-impossible, whatever the code above does.
+impossible, whatever the code above does. A failed attempt kept as data (``generate --keep-failures``) is
+committed like any other with ``kept_failure = 1``: it is an episode of its own, fills no episode index (it
+counts as a spent attempt of it) and is left out of that index's one-commit rule.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from demoforge.storage.schema import READABLE_STATES, AttemptState, Fingerprint
 from demoforge.storage.write_errors import writing
 
 CATALOG_FILE = "catalog.sqlite"
-CATALOG_VERSION = 1
+CATALOG_VERSION = 2  # 2: attempts.kept_failure (a catalog of version 1 is given the column when a writer opens it)
 OUR_TABLES = frozenset({"meta", "attempts"})
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -60,10 +62,11 @@ CREATE TABLE IF NOT EXISTS attempts (
     record TEXT,
     dataset_index INTEGER,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    kept_failure INTEGER NOT NULL DEFAULT 0
 );
 CREATE UNIQUE INDEX IF NOT EXISTS one_commit_per_episode
-    ON attempts(episode_index) WHERE state IN ('committed', 'quarantined', 'exported');
+    ON attempts(episode_index) WHERE state IN ('committed', 'quarantined', 'exported') AND kept_failure = 0;
 CREATE UNIQUE INDEX IF NOT EXISTS one_live_attempt
     ON attempts(episode_index, attempt) WHERE state <> 'discarded' OR counted = 1;
 CREATE INDEX IF NOT EXISTS attempts_by_state ON attempts(state);
@@ -164,6 +167,7 @@ class AttemptRow:
     row_id: int = 0  # the row's position in the catalog: rows are only ever appended
     updated_at: float = 0.0
     worker: int = 0  # the env worker (thread, process or remote worker slot) that ran the attempt
+    kept_failure: bool = False  # a failed attempt kept as an episode of its own (generate --keep-failures)
 
 
 class Catalog:
@@ -194,9 +198,31 @@ class Catalog:
                 self._db.execute("PRAGMA foreign_keys=ON")
                 if _mode == "create":  # one transaction: a power cut leaves all of the schema or none of it
                     self._db.executescript("BEGIN IMMEDIATE;\n" + _SCHEMA + "COMMIT;\n")
+                    self._add_kept_failure_column()
+            self._has_kept = self._column_exists("kept_failure")
         except BaseException:
             self._db.close()
             raise
+
+    def _column_exists(self, name: str) -> bool:
+        try:
+            return any(r[1] == name for r in self._db.execute("PRAGMA table_info(attempts)").fetchall())
+        except sqlite3.OperationalError:
+            return False
+
+    def _add_kept_failure_column(self) -> None:
+        """Version 1 -> 2, in one transaction: the column, and the one-commit rule that leaves kept failures
+        out. Readers of a version-1 catalog (never written by this version) read every row as not kept."""
+        if self._column_exists("kept_failure"):
+            return
+        self._db.executescript(
+            "BEGIN IMMEDIATE;\n"
+            "ALTER TABLE attempts ADD COLUMN kept_failure INTEGER NOT NULL DEFAULT 0;\n"
+            "DROP INDEX IF EXISTS one_commit_per_episode;\n"
+            "CREATE UNIQUE INDEX one_commit_per_episode ON attempts(episode_index) "
+            "WHERE state IN ('committed', 'quarantined', 'exported') AND kept_failure = 0;\n"
+            f"INSERT OR REPLACE INTO meta VALUES ('catalog_version', '{CATALOG_VERSION}');\n"
+            "COMMIT;\n")
 
     @classmethod
     def open_read_only(cls, store_dir: Path) -> Catalog:
@@ -282,6 +308,16 @@ class Catalog:
                 return True
         stored = json.loads(row[0])
         wanted = fingerprint.to_dict()
+        if stored != wanted and {k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k)} == \
+                {"keep_failures"}:
+            store = self.path.parent
+            if wanted.get("keep_failures"):
+                raise JobMismatchError(
+                    f"the store at {store} was created without --keep-failures: its failed attempts were "
+                    "discarded, so it cannot start keeping them now (its failures would be partly kept). Resume "
+                    "it without --keep-failures, or use a new --store to keep failures from the start")
+            raise JobMismatchError(f"the store at {store} keeps failed attempts (created with --keep-failures): "
+                                   "resume it with --keep-failures, or use a new --store")
         if stored != wanted:
             diffs = [f"{k}: store has {stored.get(k)!r}, this job has {wanted.get(k)!r}"
                      for k in sorted(set(stored) | set(wanted)) if stored.get(k) != wanted.get(k)]
@@ -329,15 +365,16 @@ class Catalog:
                        (episode_index, attempt, episode_id, AttemptState.STAGING, seed, row, worker, now, now))
 
     def commit(self, episode_id: str, *, frames: int, video_bytes: Mapping[str, int], content_hash: str,
-               record: Mapping[str, Any]) -> None:
-        """Flip a staging attempt to committed. Call only after its data is durable."""
+               record: Mapping[str, Any], kept_failure: bool = False) -> None:
+        """Flip a staging attempt to committed. Call only after its data is durable. ``kept_failure``: a failed
+        attempt kept as an episode of its own (its episode index stays open)."""
         with self._tx(f"commit {episode_id}") as db:
             cur = db.execute(
                 "UPDATE attempts SET state = ?, frames = ?, video_bytes = ?, content_hash = ?, "
-                "terminal_reason = ?, record = ?, updated_at = ? WHERE episode_id = ? AND state = ?",
+                "terminal_reason = ?, record = ?, updated_at = ?, kept_failure = ? WHERE episode_id = ? AND state = ?",
                 (AttemptState.COMMITTED, frames, json.dumps(dict(video_bytes)), content_hash,
-                 record.get("terminal_reason"), json.dumps(record, allow_nan=False), time.time(), episode_id,
-                 AttemptState.STAGING))
+                 record.get("terminal_reason"), json.dumps(record, allow_nan=False), time.time(), int(kept_failure),
+                 episode_id, AttemptState.STAGING))
             if cur.rowcount != 1:
                 raise CatalogError(f"cannot commit {episode_id}: it is not a staging attempt")
 
@@ -405,8 +442,23 @@ class Catalog:
             db.execute("INSERT INTO recovery (at, action, detail) VALUES (?, ?, ?)", (time.time(), action, detail))
 
     # ------------------------------------------------------------------------------ reads
-    _COLUMNS = ("episode_index, attempt, episode_id, state, seed, frames, video_bytes, content_hash, "
-                "terminal_reason, reason, counted, record, dataset_index, id, updated_at, worker")
+    _BASE_COLUMNS = ("episode_index, attempt, episode_id, state, seed, frames, video_bytes, content_hash, "
+                     "terminal_reason, reason, counted, record, dataset_index, id, updated_at, worker")
+
+    def _kept_column(self) -> bool:
+        if not self._has_kept:  # a reader may have opened the catalog before a writer created or upgraded it
+            with self._lock:
+                self._has_kept = self._column_exists("kept_failure")
+        return self._has_kept
+
+    @property
+    def _COLUMNS(self) -> str:
+        return self._BASE_COLUMNS + (", kept_failure" if self._kept_column() else ", 0")
+
+    @property
+    def _KEPT(self) -> str:
+        """SQL for 'this row is a kept failure' (always false in a catalog from before the column)."""
+        return "kept_failure = 1" if self._kept_column() else "0"
 
     @staticmethod
     def _row(r: tuple[Any, ...]) -> AttemptRow:
@@ -414,7 +466,7 @@ class Catalog:
                           frames=r[5], video_bytes=json.loads(r[6]) if r[6] else {}, content_hash=r[7],
                           terminal_reason=r[8], reason=r[9], counted=bool(r[10]),
                           record=json.loads(r[11]) if r[11] else None, dataset_index=r[12], row_id=r[13],
-                          updated_at=r[14], worker=r[15])
+                          updated_at=r[14], worker=r[15], kept_failure=bool(r[16]))
 
     @staticmethod
     def _in(values: Collection[Any]) -> str:
@@ -446,6 +498,11 @@ class Catalog:
                 f"SELECT {self._COLUMNS} FROM attempts WHERE id IN {self._in(part)} ORDER BY id", part)]
         return out
 
+    def kept_failure_count(self) -> int:
+        """Failed attempts kept as data (committed, exported or quarantined since)."""
+        rows = self._query(f"SELECT COUNT(*) FROM attempts WHERE {self._KEPT} AND state <> ?", (AttemptState.STAGING,))
+        return int(rows[0][0]) if rows else 0
+
     def count(self, state: AttemptState) -> int:
         rows = self._query("SELECT COUNT(*) FROM attempts WHERE state = ?", (AttemptState(state),))
         return int(rows[0][0]) if rows else 0
@@ -454,12 +511,14 @@ class Catalog:
         return {r[0] for r in self._query("SELECT episode_id FROM attempts WHERE state = ?", (AttemptState(state),))}
 
     def resume_state(self) -> ResumeState:
+        kept = self._KEPT
         committed = {r[0] for r in self._query(
-            "SELECT episode_index FROM attempts WHERE state IN (?, ?)", READABLE_STATES)}
-        quarantined = {r[0] for r in self._query("SELECT episode_index FROM attempts WHERE state = ?",
+            f"SELECT episode_index FROM attempts WHERE state IN (?, ?) AND NOT {kept}", READABLE_STATES)}
+        quarantined = {r[0] for r in self._query(f"SELECT episode_index FROM attempts WHERE state = ? AND NOT {kept}",
                                                  (AttemptState.QUARANTINED,))}
-        spent = dict(self._query("SELECT episode_index, COUNT(*) FROM attempts WHERE state = ? "
-                                 "AND counted = 1 GROUP BY episode_index", (AttemptState.DISCARDED,)))
+        # a kept failure spent its attempt as a counted discard does
+        spent = dict(self._query(f"SELECT episode_index, COUNT(*) FROM attempts WHERE (state = ? AND counted = 1) "
+                                 f"OR {kept} GROUP BY episode_index", (AttemptState.DISCARDED,)))
         return ResumeState(frozenset(committed), spent, frozenset(quarantined))
 
     def referenced_episode_ids(self) -> set[str]:
@@ -468,21 +527,29 @@ class Catalog:
                                           (AttemptState.DISCARDED,))}
 
     def summary(self) -> dict[str, Any]:
-        by_state = Counter(dict(self._query("SELECT state, COUNT(*) FROM attempts GROUP BY state")))
+        """Counts for `status`: ``attempts_by_state`` and the frames are the job's episodes; failures kept as
+        data are counted apart (``failures_kept``, by terminal reason)."""
+        kept = self._KEPT
+        by_state = Counter(dict(self._query(f"SELECT state, COUNT(*) FROM attempts WHERE NOT {kept} GROUP BY state")))
+        failures = Counter({k or "?": v for k, v in self._query(
+            f"SELECT terminal_reason, COUNT(*) FROM attempts WHERE {kept} AND state <> ? GROUP BY terminal_reason",
+            (AttemptState.STAGING,))})
         reasons = Counter({k or "?": v for k, v in self._query(
             "SELECT terminal_reason, COUNT(*) FROM attempts WHERE state = ? GROUP BY terminal_reason",
             (AttemptState.DISCARDED,))})
-        frames = self._query("SELECT COALESCE(SUM(frames), 0) FROM attempts WHERE state IN (?, ?)", READABLE_STATES)
+        frames = self._query(f"SELECT COALESCE(SUM(frames), 0) FROM attempts WHERE state IN (?, ?) AND NOT {kept}",
+                             READABLE_STATES)
         recovery = [{"at": at, "action": a, "detail": d}
                     for at, a, d in self._query("SELECT at, action, detail FROM recovery ORDER BY id")]
         by_task: dict[str, dict[str, int]] = {}
         for task, state, count in self._query(
-                "SELECT json_extract(record, '$.task'), state, COUNT(*) FROM attempts WHERE record IS NOT NULL "
-                "GROUP BY 1, 2"):
+                f"SELECT json_extract(record, '$.task'), state, COUNT(*) FROM attempts WHERE record IS NOT NULL "
+                f"AND NOT {kept} GROUP BY 1, 2"):
             by_task.setdefault(str(task), {})[state] = count
         out = {"attempts_by_state": dict(by_state), "discarded_by_reason": dict(reasons),
                "committed_frames": int(frames[0][0]) if frames else 0, "pruned": len(self.pruned_ids()),
-               "recovery": recovery}
+               "recovery": recovery, "failures_kept": sum(failures.values()),
+               "failures_kept_by_reason": dict(failures)}
         if len(by_task) > 1:  # a suite: attempts by state for each member task
             out["attempts_by_task"] = dict(sorted(by_task.items()))
         return out

@@ -25,7 +25,8 @@ class Inspection:
     source: str
     kind: str  # "store" or "dataset"
     episodes: list[dict[str, Any]] = field(default_factory=list)  # committed/exported episode records
-    failed: list[dict[str, Any]] = field(default_factory=list)  # discarded attempts' records (stores only)
+    # discarded attempts' records (stores) and failures kept as data (generate --keep-failures)
+    failed: list[dict[str, Any]] = field(default_factory=list)
     outcomes: dict[str, int] = field(default_factory=dict)
     frames: dict[str, list[np.ndarray]] = field(default_factory=dict)  # "episode:segment" -> boundary frames
 
@@ -67,11 +68,12 @@ def inspect_path(path: Path | str, *, with_frames: bool = False, max_episodes: i
 def _inspect_store(path: Path, with_frames: bool, max_episodes: int) -> Inspection:
     with open_store_reader(path) as store:
         rows = store.catalog.attempts()
-        good = [r for r in rows if r.state in READABLE_STATES and r.record]
+        good = [r for r in rows if r.state in READABLE_STATES and r.record and not r.kept_failure]
         result = Inspection(str(path), "store", episodes=[{**r.record, "length": r.frames} for r in good if r.record])
-        result.outcomes = dict(Counter(str(r.state) if r.state != AttemptState.DISCARDED
-                                       else f"discarded:{r.terminal_reason}" for r in rows))
-        result.failed = [r.record for r in rows if r.state == AttemptState.DISCARDED and r.record]
+        result.outcomes = dict(Counter(f"kept_failure:{r.terminal_reason}" if r.kept_failure else str(r.state)
+                                       if r.state != AttemptState.DISCARDED else f"discarded:{r.terminal_reason}"
+                                       for r in rows))
+        result.failed = [r.record for r in rows if (r.state == AttemptState.DISCARDED or r.kept_failure) and r.record]
         fingerprint, staging = store.fingerprint, store.staging
         if with_frames and fingerprint is not None and staging is not None and fingerprint.cameras:
             rgb = next((c.name for c in fingerprint.cameras if not c.is_depth), None)
@@ -99,7 +101,10 @@ def _inspect_dataset(path: Path, with_frames: bool, max_episodes: int) -> Inspec
     if not (path / SIDECAR).exists():
         raise FileNotFoundError(f"{path} has no {SIDECAR}: not a demoforge export, so it has no segment records")
     records = read_sidecar(path)
-    result = Inspection(str(path), "dataset", episodes=records, outcomes={"exported": len(records)})
+    kept = [r for r in records if r.get("kept_failure")]
+    records = [r for r in records if not r.get("kept_failure")]
+    result = Inspection(str(path), "dataset", episodes=records, failed=kept, outcomes={
+        "exported": len(records), **Counter(f"kept_failure:{r.get('terminal_reason')}" for r in kept)})
     if with_frames and records:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
 

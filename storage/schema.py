@@ -37,6 +37,22 @@ class AttemptState(enum.StrEnum):
 #: States of an attempt whose data is committed and readable (exported episodes stay in staging).
 READABLE_STATES = (AttemptState.COMMITTED, AttemptState.EXPORTED)
 
+#: Which committed episodes a reader takes (export, the samplers): ``episodes``, the job's own (each counts
+#: toward ``--episodes``: an expert job's successes, a policy job's rollouts); ``failures``, the failed attempts
+#: ``generate --keep-failures`` kept as data; ``all``, both.
+INCLUDE_CHOICES = ("episodes", "failures", "all")
+
+
+def check_include(value: str, what: str = "include") -> str:
+    if value not in INCLUDE_CHOICES:
+        raise ValueError(f"{what} {value!r}: expected one of {', '.join(INCLUDE_CHOICES)}")
+    return value
+
+
+def included(include: str, kept_failure: bool) -> bool:
+    """Whether an episode (a kept failure or not) is one ``include`` takes."""
+    return include == "all" or (include == "failures") == kept_failure
+
 
 class FingerprintError(StoreError):
     """A stored job fingerprint is missing a field, has a field of the wrong type, or names an unsafe path."""
@@ -147,6 +163,7 @@ class Fingerprint:
     control: Mapping[str, Any] | None = None
     # A rerender job's source and variants (pipeline/rerender.py RerenderSpec.to_json), None for generate
     rerender: Mapping[str, Any] | None = None
+    keep_failures: bool = False  # failed attempts are kept as episodes of their own (generate --keep-failures)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, exactly as stores have always recorded it (tuples as lists)."""
@@ -161,6 +178,8 @@ class Fingerprint:
             raw["control"] = dict(self.control)
         if self.rerender is not None:  # absent for generate jobs
             raw["rerender"] = dict(self.rerender)
+        if self.keep_failures:  # absent unless failures are kept, as before
+            raw["keep_failures"] = True
         return json.loads(json.dumps(raw, sort_keys=True))
 
     def to_json(self) -> str:
@@ -181,7 +200,7 @@ class Fingerprint:
         wanted = ("schema_version", "task", "task_options", "fps", "cameras", "state_shapes", "action_shape",
                   "video", "seed", "chunk_frames")
         missing = [k for k in wanted if k not in data]
-        extra = sorted(set(data) - set(wanted) - {"depth_video", "control", "rerender"})
+        extra = sorted(set(data) - set(wanted) - {"depth_video", "control", "rerender", "keep_failures"})
         if missing or extra:
             raise FingerprintError("the store's job fingerprint was written by another version or program: "
                                    + "; ".join([*(f"field {k!r} is missing" for k in missing),
@@ -235,13 +254,22 @@ class Fingerprint:
                                        g=integer("video", video["g"], 1), pix_fmt=str(video["pix_fmt"])),
                    seed=integer("seed", data["seed"]), chunk_frames=integer("chunk_frames", data["chunk_frames"], 1),
                    depth_video=depth_video, control=_control_field(data.get("control")),
-                   rerender=_rerender_field(data.get("rerender")))
+                   rerender=_rerender_field(data.get("rerender")),
+                   keep_failures=_keep_failures_field(data.get("keep_failures")))
 
     def differences(self, other: Fingerprint) -> list[str]:
         """Each differing field, as 'field: store has X, this job has Y' (self is the store's)."""
         mine, theirs = self.to_dict(), other.to_dict()
         return [f"{k}: store has {mine.get(k)!r}, this job has {theirs.get(k)!r}"
                 for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+
+
+def _keep_failures_field(value: object) -> bool:
+    if value is None:
+        return False
+    if value is not True:
+        raise FingerprintError(f"the store's job fingerprint has a bad 'keep_failures' field, got {value!r}"[:400])
+    return True
 
 
 def _rerender_field(value: object) -> Mapping[str, Any] | None:

@@ -11,6 +11,7 @@ from typing import Any
 from demoforge.pipeline.cli.common import EXIT_OK, add_command, make_console
 from demoforge.pipeline.export_child import ChildChannel
 from demoforge.pipeline.faults import export_pause
+from demoforge.storage.schema import INCLUDE_CHOICES
 
 # Imported where used: the exporter and the validator (they load zarr, PyAV and LeRobot's readers), which
 # `demoforge --help` need not load.
@@ -25,6 +26,9 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, required=True, metavar="DATASET_DIR",
                    help="the dataset (a link to its published version; created if new). Required")
     p.add_argument("--repo-id", default=None, help="repo id recorded in the dataset (None: demoforge/TASK)")
+    p.add_argument("--include", default="episodes", choices=INCLUDE_CHOICES,
+                   help="which committed episodes: the job's episodes (each counted toward --episodes), the "
+                        "failed attempts `generate --keep-failures` kept, or all (default: episodes)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line (what the daemon reads)")
     p.set_defaults(fn=cmd_export)
 
@@ -47,11 +51,11 @@ def _report_fields(report: Any) -> dict[str, Any]:  # an ExportReport as the one
             "total_episodes": report.total_episodes, "total_frames": report.total_frames,
             "quarantined": report.quarantined, "reconciled": report.reconciled,
             "pruned_elsewhere": list(report.pruned_elsewhere), "removed_by_edit": len(report.removed_by_edit),
-            "elapsed_s": round(report.elapsed_s, 3)}
+            "left_out": report.left_out, "elapsed_s": round(report.elapsed_s, 3)}
 
 
 def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: bool = False,
-            channel: Any = None) -> int:
+            channel: Any = None, include: str = "episodes") -> int:
     """``channel``: a watching parent's (pipeline/export_child.py ``ChildChannel``), told of every step."""
     from demoforge.storage.lerobot.export import export_stores
 
@@ -72,7 +76,7 @@ def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: boo
 
     report = export_stores(stores, out, repo_id=repo_id, stage_pause=step, progress=progress,
                           on_published=None if channel is None else
-                          lambda r: channel.event("published", **_report_fields(r)))
+                          lambda r: channel.event("published", **_report_fields(r)), include=include)
     if channel is not None:
         channel.event("report", **_report_fields(report))
     if json_report:  # one line, for scripts (a watched export child also reports on its channel)
@@ -89,6 +93,10 @@ def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: boo
     if report.quarantined:
         out_console.print(f"quarantined {len(report.quarantined)} corrupt episode(s), not exported: "
                           f"{', '.join(report.quarantined)} (see `demoforge verify --store STORE`)")
+    if report.left_out:
+        other = "kept failures" if include == "episodes" else "job episodes" if include == "failures" else "episodes"
+        out_console.print(f"{report.left_out} committed episode(s) not exported: {other}, which --include {include} "
+                          "leaves out (--include all takes every committed episode)")
     if report.exported:
         out_console.print(f"exported {report.exported} episode(s) to {out} (version {report.version}); the dataset "
                           f"now holds {report.total_episodes} episodes, {report.total_frames} frames "
@@ -102,7 +110,7 @@ def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: boo
 
 def cmd_export(args: argparse.Namespace) -> int:
     channel = ChildChannel.from_environment()  # only when started as a daemon's (or generate's) export child
-    code = _export(args.store, args.out, args.repo_id, json_report=args.json, channel=channel)
+    code = _export(args.store, args.out, args.repo_id, json_report=args.json, channel=channel, include=args.include)
     if channel is not None:
         channel.exit(code)  # a finished child leaves at once (pipeline/export_child.py says why)
     return code

@@ -64,8 +64,13 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-consecutive-abandoned", type=int, default=DEFAULT_MAX_CONSECUTIVE_ABANDONED,
                    metavar="K", help="stop with exit status 1 when the last K episodes were all abandoned (every "
                                      "attempt failed); 0: never")
+    p.add_argument("--keep-failures", action="store_true",
+                   help="also commit failed, truncated and invalid attempts as episodes of their own, with their "
+                        "failure reason and failed segment (--episodes still counts successes; `demoforge export "
+                        "--include failures|all` exports them). Fixed for the life of the store. Default: off")
     p.add_argument("--export", type=Path, default=None, metavar="DATASET_DIR",
-                   help="when the target is reached, export to this LeRobot dataset")
+                   help="when the target is reached, export to this LeRobot dataset (the job's episodes: "
+                        "`demoforge export --include` for kept failures)")
     p.add_argument("--repo-id", default=None, help="repo id recorded in the exported dataset")
     p.add_argument("--json-logs", action="store_true",
                    help="also print one JSON line per committed episode on stderr, once it is durable "
@@ -89,7 +94,8 @@ def _job_spec(args: argparse.Namespace) -> JobSpec:
     return JobSpec(task=args.task, episodes=args.episodes, task_options=task_options(args),
                    seed=args.seed, max_attempts=args.max_attempts, workers=threads, num_envs=args.num_envs,
                    video=video, queue_frames=args.queue_frames, step_timeout_s=args.step_timeout or None,
-                   max_consecutive_abandoned=args.max_consecutive_abandoned, control=control_spec(args))
+                   max_consecutive_abandoned=args.max_consecutive_abandoned, control=control_spec(args),
+                   keep_failures=args.keep_failures)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -152,6 +158,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
               f"committed in {args.store} ({report.committed_this_run} this run, {report.frames_this_run} frames, "
               f"{report.frames_this_run / max(report.elapsed_s, 1e-9):.0f} frames/s, {report.elapsed_s:.1f} s); "
               f"discarded attempts: {discarded}; abandoned episodes: {report.abandoned}{_workers_note(report)}")
+    if spec.keep_failures:
+        kept = ", ".join(f"{k}={v}" for k, v in sorted(report.failures_kept.items())) or "none"
+        out.print(f"failures kept: {report.failures_kept_total} in the store ({kept} this run); export them with "
+                  f"`demoforge export --store {args.store} --include failures` (or all)", markup=False)
     for task in report.per_task:  # a suite: the tasks that did not reach their target, or lost episodes
         if task.committed < spec.episodes or task.abandoned:
             out.print(f"  {task.task}: {task.committed}/{spec.episodes} committed"

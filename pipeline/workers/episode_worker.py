@@ -74,6 +74,7 @@ class WorkerSpec:
     task_modules: tuple[str, ...] = ()  # imported before the task is looked up (plugins register tasks)
     environment: Mapping[str, str] = field(default_factory=lambda: dict(WORKER_ENVIRONMENT))
     control: ControlSpec | None = None  # who drives (stages/control.py)
+    keep_failures: bool = False  # failed attempts end kept (stages/executor.py Executor)
     rerender: RerenderSpec | None = None  # a rerender job's source (pipeline/rerender.py)
 
 
@@ -160,6 +161,7 @@ class EpisodeWorker:
             try:
                 executor = Executor(self.env, task=spec.task, job_seed=spec.job_seed, max_attempts=spec.max_attempts,
                                     worker=spec.worker, cameras=spec.cameras, control=spec.control,
+                                    keep_failures=spec.keep_failures,
                                     make_policy=(lambda: self._policy) if self._policy is not None else None)
                 for record in executor.run(_OneEpisode(EpisodeAssignment(episode_index, attempt))):
                     if isinstance(record, AttemptStarted):
@@ -176,7 +178,7 @@ class EpisodeWorker:
                     elif isinstance(record, AttemptEnded):
                         out.resolve(keep=0)
                         mine, encoders, active = encoders, {}, []
-                        if record.result.committable:
+                        if record.result.keeps_data:
                             tails = {n: e.finish() for n, e in mine.items()}
                             out.add(VideoTail(record.key, {n: t.data for n, t in tails.items()},
                                               {n: t.stats for n, t in tails.items()}))

@@ -48,6 +48,8 @@ def episode_facts(episode: SourceEpisode, replay: Mapping[int, str] | None = Non
             # A record without them is of an episode the expert drove alone (stages/contract.py).
             "driver": record.get("driver", "expert") if record else None,
             "interventions": int(record.get("interventions") or 0) if record else None,
+            "kept_failure": bool(record.get("kept_failure", False)) if record else None,
+            "failed_segment": (record.get("failed_segment") or {}).get("name") if record else None,
             "replay": (replay or {}).get(episode.index)}
 
 

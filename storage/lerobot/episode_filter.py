@@ -50,6 +50,8 @@ FIELDS: Mapping[str, FieldInfo] = {
     "attempt": FieldInfo(NUMBER, "which attempt at its episode it was (0: the first)"),
     "driver": FieldInfo(STRING, 'who drove: "expert", "expert+noise" or "policy" (generate --noise/--driver)'),
     "interventions": FieldInfo(NUMBER, "times the expert took over from the driving policy (--takeover)"),
+    "kept_failure": FieldInfo(BOOL, "a failed attempt kept as an episode of its own (generate --keep-failures)"),
+    "failed_segment": FieldInfo(STRING, "the segment a kept failure failed in (null for other episodes)"),
     "replay": FieldInfo(STRING, 'the replay verdict, from --replay-report ("reproduced", "diverged", "error"; '
                                 "null when not replayed)"),
 }

@@ -70,7 +70,7 @@ from demoforge.storage.lerobot.publish import (
 from demoforge.storage.lerobot.subtasks import subtask_columns, write_temporal_proportions
 from demoforge.storage.reader import open_store_updater
 from demoforge.storage.schema import SCHEMA_VERSION
-from demoforge.storage.schema import AttemptState, Fingerprint
+from demoforge.storage.schema import INCLUDE_CHOICES, AttemptState, Fingerprint, included
 from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore
 from demoforge.storage.store_verify import check_episode
 from demoforge.storage.write_errors import writing
@@ -94,6 +94,7 @@ class ExportReport:
     elapsed_s: float
     pruned_elsewhere: tuple[str, ...] = ()  # pruned episodes this dataset lacks: their staged data is gone
     removed_by_edit: tuple[str, ...] = ()  # episodes `demoforge edit` removed from the dataset: never added again
+    left_out: int = 0  # committed episodes the dataset lacks that ``include`` does not take (kept failures, ...)
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,13 @@ def export_store(store_dir: Path | str, out: Path | str, **kwargs: Any) -> Expor
 def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str | None = None,
                   progress: Callable[[int, int], None] | None = None,
                   stage_pause: Callable[[str], None] | None = None,
-                  on_published: Callable[[ExportReport], None] | None = None) -> ExportReport:
+                  on_published: Callable[[ExportReport], None] | None = None,
+                  include: str = "episodes") -> ExportReport:
     """Export the committed, not yet exported episodes of every store in ``stores`` (in that order) into the
     dataset at ``out``, as one new version. Exactly once per (store id, staging episode).
+
+    ``include`` (storage/schema.py INCLUDE_CHOICES): the job's episodes (the default), the failures
+    ``generate --keep-failures`` kept, or all; a kept failure's sidecar record says so (``kept_failure``).
 
     Every store's features (cameras and sizes, fps, state and action shapes, codec settings) must equal the
     others' and the dataset's; otherwise nothing is written and SchemaMismatchError names the difference.
@@ -137,6 +142,8 @@ def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str
     out = Path(out)
     if not stores:
         raise ExportError("no store to export from")
+    if include not in INCLUDE_CHOICES:
+        raise ExportError(f"include {include!r}: expected one of {', '.join(INCLUDE_CHOICES)}")
     with contextlib.ExitStack() as opened:
         sources = [_open_source(Path(p), opened) for p in stores]
         _refuse_duplicate_stores(sources)
@@ -153,9 +160,12 @@ def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str
             pending: list[tuple[_Source, AttemptRow]] = []
             gone: list[str] = []
             edited_out: list[str] = []
+            left_out = 0
             for source in sources:
                 present = set(marker.dataset_indices(source.store_id)) if marker else set()
                 rows = [r for r in source.catalog.committed() if r.episode_id not in present]
+                left_out += sum(not included(include, r.kept_failure) for r in rows)
+                rows = [r for r in rows if included(include, r.kept_failure)]
                 removed = marker.removed_ids(source.store_id, legacy=len(sources) == 1) if marker else set()
                 edited_out += [r.episode_id for r in rows if r.episode_id in removed]
                 rows = [r for r in rows if r.episode_id not in removed]
@@ -170,11 +180,11 @@ def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str
                 return ExportReport(out, target.current.name if target.current else None, 0,
                                     marker.total_episodes if marker else 0, marker.total_frames if marker else 0,
                                     writer.quarantined, reconciled, time.monotonic() - started, tuple(gone),
-                                    tuple(edited_out))
+                                    tuple(edited_out), left_out)
             version, published = result
             report = ExportReport(out, version, len(writer.exported), published.total_episodes,
                                   published.total_frames, writer.quarantined, reconciled,
-                                  time.monotonic() - started, tuple(gone), tuple(edited_out))
+                                  time.monotonic() - started, tuple(gone), tuple(edited_out), left_out)
             if on_published is not None:
                 on_published(report)
             pause("before_catalog")

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from demoforge.storage.lerobot.format import INFO
+from demoforge.storage.lerobot.format import INFO, SIDECAR, read_sidecar
+from demoforge.storage.schema import check_include, included
 from demoforge.storage.sampling.window_index import (
     NoEligibleWindowError,
     WindowIndex,
@@ -45,7 +46,8 @@ class SegmentWindowSampler(Sampler[int]):
       only numpy arrays (it pickles for spawn-started workers too).
     - ``episodes``: restrict to these dataset episode indices; ``absolute_to_relative_idx``: LeRobotDataset's
       mapping for an episode-filtered dataset (yielded indices are then relative). :meth:`from_dataset`
-      fills both from a loaded ``LeRobotDataset``.
+      fills both from a loaded ``LeRobotDataset``. ``include``: ``"episodes"`` (the default: never a failure
+      ``generate --keep-failures`` kept, exported with ``--include failures|all``), ``"failures"`` or ``"all"``.
 
     The index is built once from the data parquet's ``index``, ``episode_index``, ``annotation.valid`` and
     ``annotation.segment_id`` columns (only those columns are read): O(#frames). A dataset without
@@ -54,15 +56,16 @@ class SegmentWindowSampler(Sampler[int]):
 
     def __init__(self, root: str | Path, *, mode: str = "episode", chunk_size: int, num_samples: int | None = None,
                  weighting: str = "episode", seed: int = 0, episodes: Sequence[int] | None = None,
-                 absolute_to_relative_idx: Mapping[int, int] | None = None) -> None:
+                 absolute_to_relative_idx: Mapping[int, int] | None = None, include: str = "episodes") -> None:
         super().__init__()
         check_mode(mode, chunk_size, weighting)
+        check_include(include)
         self.root = Path(root).resolve()  # pin the published version (an export swaps the link)
         self.mode, self.chunk_size, self.weighting, self.seed = mode, int(chunk_size), weighting, int(seed)
         info = json.loads((self.root / INFO).read_text())
         self.fps = info["fps"]
         self.index = WindowIndex(mode, chunk_size)
-        self.episode_of_slot = self._build(episodes)
+        self.episode_of_slot = self._build(self._included(episodes, include))
         self._to_relative = dict(absolute_to_relative_idx) if absolute_to_relative_idx is not None else None
         if self.index.total_windows == 0:
             raise NoEligibleWindowError(self.index.describe_empty(f" of {self.root}"))
@@ -81,6 +84,14 @@ class SegmentWindowSampler(Sampler[int]):
         episodes = dataset.episodes if dataset.episodes is not None else range(dataset.meta.total_episodes)
         return cls(dataset.root, episodes=list(episodes),
                    absolute_to_relative_idx=dataset.absolute_to_relative_idx, **kwargs)
+
+    def _included(self, episodes: Sequence[int] | None, include: str) -> Sequence[int] | None:
+        """``episodes`` narrowed to what ``include`` takes, by each episode's sidecar record."""
+        if include == "all" or not (self.root / SIDECAR).is_file():
+            return episodes
+        taken = {int(r["dataset_episode_index"]) for r in read_sidecar(self.root)
+                 if included(include, bool(r.get("kept_failure", False)))}
+        return sorted(taken if episodes is None else taken & {int(e) for e in episodes})
 
     def _build(self, episodes: Sequence[int] | None) -> np.ndarray:
         import pyarrow as pa

@@ -25,7 +25,7 @@ from demoforge.storage.lerobot.format import annotation_key, camera_key
 from demoforge.storage.reader import StoreView, open_store_reader
 from demoforge.storage.sampling.window_index import NoEligibleWindowError, WindowIndex, check_mode
 from demoforge.storage.schema import ANNOTATION_KEYS
-from demoforge.storage.schema import READABLE_STATES, AttemptState
+from demoforge.storage.schema import READABLE_STATES, AttemptState, check_include, included
 from demoforge.storage.staging import StagedEpisode
 from demoforge.storage.video import decode_frames
 
@@ -61,7 +61,8 @@ class OnlineWindowSampler:
       and adds the newly committed episodes to the index (O(#segments) each). Cost: O(new rows + in-flight
       attempts) whatever the store size; nothing at all when the database did not change (SQLite's
       ``data_version``). Episodes quarantined later (``demoforge verify``) are dropped (that rebuild is
-      O(#episodes), and rare). Discarded and staging attempts never enter.
+      O(#episodes), and rare). Discarded and staging attempts never enter; failures kept as data
+      (``generate --keep-failures``) enter only with ``include="failures"`` or ``"all"``.
     - :meth:`sample` draws windows (``weighting`` as offline): O(batch log #intervals), store-size
       independent; seeded (``seed``) and reproducible for the same sequence of refreshes.
     - :meth:`read_windows` loads the windows' numbers (and, on request, decoded camera frames) from staging
@@ -76,8 +77,9 @@ class OnlineWindowSampler:
 
     def __init__(self, store_dir: str | Path, *, mode: str = "episode", chunk_size: int,
                  weighting: str = "episode", seed: int = 0, refresh_interval_s: float | None = 1.0,
-                 cache_episodes: int = 256, video_cache_episodes: int = 4) -> None:
+                 cache_episodes: int = 256, video_cache_episodes: int = 4, include: str = "episodes") -> None:
         check_mode(mode, chunk_size, weighting)
+        self.include = check_include(include)
         self.store_dir = Path(store_dir)
         self.mode, self.chunk_size, self.weighting = mode, int(chunk_size), weighting
         self.rng = np.random.default_rng(seed)
@@ -140,7 +142,7 @@ class OnlineWindowSampler:
                     continue
                 self._pending.discard(row.row_id)
                 if (row.state in READABLE_STATES and row.episode_id not in self._slot_of and row.episode_id not in gone
-                        and row.episode_id not in pruned):
+                        and row.episode_id not in pruned and included(self.include, row.kept_failure)):
                     new.append(row)
             if gone:
                 self._drop(gone)

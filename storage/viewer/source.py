@@ -287,7 +287,8 @@ class DatasetSource:
         return EpisodeEntry(key=str(index), dataset_index=index, episode_index=record.get("episode_index"),
                             attempt=record.get("attempt"), seed=record.get("seed"), length=int(row["length"]),
                             outcome=outcome, state="exported",
-                            segments=tuple(str(s["name"]) for s in record.get("segments", [])), playable=True)
+                            segments=tuple(str(s["name"]) for s in record.get("segments", [])), playable=True,
+                            reason=_kept_failure_note(record))
 
     def entries(self) -> list[EpisodeEntry]:
         return list(self._entries)
@@ -414,13 +415,14 @@ class StoreSource:
     @staticmethod
     def _entry(row: Any) -> EpisodeEntry:
         record = row.record or {}
-        outcome = {"committed": "success", "exported": "success", "quarantined": "quarantined",
-                   "staging": "in progress"}.get(row.state) or str(row.terminal_reason or "discarded")
+        outcome = {"quarantined": "quarantined", "staging": "in progress"}.get(row.state) or \
+            ("success" if record.get("success") else str(row.terminal_reason or "discarded"))
         return EpisodeEntry(key=row.episode_id, dataset_index=row.dataset_index, episode_index=row.episode_index,
                             attempt=row.attempt, seed=row.seed, length=int(row.frames or record.get("length") or 0),
                             outcome=outcome, state=row.state,
                             segments=tuple(str(s["name"]) for s in record.get("segments", [])),
-                            playable=row.state in ("committed", "exported") and bool(row.frames), reason=row.reason)
+                            playable=row.state in ("committed", "exported") and bool(row.frames),
+                            reason=row.reason or _kept_failure_note(record))
 
     def entries(self) -> list[EpisodeEntry]:
         return list(self._entries)
@@ -501,3 +503,12 @@ def each_episode(source: ViewerSource, progress: Callable[[int, int], None] | No
         yield key, source.episode(key)
         if progress is not None:
             progress(i + 1, len(keys))
+
+
+def _kept_failure_note(record: Mapping[str, Any]) -> str | None:
+    """What the episode list says of a failed attempt kept as data (generate --keep-failures)."""
+    if not record.get("kept_failure"):
+        return None
+    segment = (record.get("failed_segment") or {}).get("name")
+    return "kept failure: " + str(record.get("failure_reason") or record.get("terminal_reason")) + \
+        (f" (failed in segment {segment!r})" if segment else "")
