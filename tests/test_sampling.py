@@ -422,3 +422,24 @@ def test_docs_training_snippets_run(exported):
         exec(compile(block, "docs/sampling.md", "exec"), namespace)
     online = online.replace('"runs/fetch", 16, 1000', f"{str(store)!r}, 8, 2")
     exec(compile(online, "docs/sampling.md", "exec"), {"__name__": "docs_sampling"})
+
+
+def test_online_windows_come_with_the_labels_the_offline_sampler_gives(exported):
+    """OnlineWindowSampler.labels(): from the catalog records alone, the same segment ids and progress as the
+    frames' own annotations say (the store's windows, read back with read_windows)."""
+    store, _out = exported
+    with OnlineWindowSampler(store, mode="segment", chunk_size=3, seed=4) as sampler:
+        sampler.refresh()
+        windows = sampler.sample(40)
+        labels = sampler.labels(windows)
+        frames = sampler.read_windows(windows)
+        records = {r.episode_id: r for r in sampler.store.catalog.committed()}
+    assert labels["segment_id"].tolist() == frames["annotation.segment_id"].tolist()
+    for w, window in enumerate(windows):
+        row = records[window.episode_id]
+        np.testing.assert_allclose(labels["episode_progress"][w],
+                                   frames["annotation.episode_step"][w] / (row.frames - 1), rtol=1e-6)
+        lengths = {s["segment_id"]: s["end_step"] - s["start_step"] for s in row.record["segments"]}
+        expected = [step / (lengths[seg] - 1) if lengths[seg] > 1 else 1.0
+                    for step, seg in zip(frames["annotation.segment_step"][w], frames["annotation.segment_id"][w])]
+        np.testing.assert_allclose(labels["segment_progress"][w], expected, rtol=1e-6)

@@ -44,13 +44,14 @@ class _Episode:
     frames: int
     video_bytes: dict[str, int]
     offset: int            # global position of its frame 0 in the index
-    spans: np.ndarray      # (k, 2) local segment spans
+    spans: np.ndarray      # (k, 3) local segment spans, by start: start, end (exclusive), segment id
 
 
 def _spans(frames: int, record: Mapping[str, Any] | None) -> np.ndarray:
     segments = (record or {}).get("segments", [])
-    return np.array(sorted((int(s["start_step"]), int(s["end_step"])) for s in segments
-                           if 0 <= s["start_step"] < s["end_step"] <= frames), dtype=np.int64).reshape(-1, 2)
+    return np.array(sorted((int(s["start_step"]), int(s["end_step"]), int(s.get("segment_id", i)))
+                           for i, s in enumerate(segments) if 0 <= s["start_step"] < s["end_step"] <= frames),
+                    dtype=np.int64).reshape(-1, 3)
 
 
 class OnlineWindowSampler:
@@ -199,6 +200,27 @@ class OnlineWindowSampler:
             slots, starts = self.index.sample(self.rng, batch_size, self.weighting)
             eps = self._episodes
             return [Window(eps[s].episode_id, int(p - eps[s].offset)) for s, p in zip(slots.tolist(), starts.tolist())]
+
+    def labels(self, windows: Sequence[Window]) -> dict[str, np.ndarray]:
+        """The labels of ``windows`` (what :meth:`sample` returns), each of shape (len(windows), chunk_size), as
+        ``SegmentWindowSampler.labels`` gives them: ``segment_id``; ``episode_progress``, 0 at an episode's
+        first frame and 1 at its last; ``segment_progress``, the same within the frame's segment (1 for a
+        one-frame segment). From the catalog's records: no staged data is read."""
+        c = self.chunk_size
+        out = {"segment_id": np.zeros((len(windows), c), np.int64),
+               "episode_progress": np.zeros((len(windows), c), np.float32),
+               "segment_progress": np.zeros((len(windows), c), np.float32)}
+        with self._lock:
+            for i, w in enumerate(windows):
+                ep = self._episodes[self._slot_of[w.episode_id]]
+                t = np.minimum(w.start + np.arange(c), ep.frames - 1)
+                spans = ep.spans if len(ep.spans) else np.array([[0, ep.frames, 0]], np.int64)
+                k = np.maximum(np.searchsorted(spans[:, 0], t, side="right") - 1, 0)
+                start, length = spans[k, 0], spans[k, 1] - spans[k, 0]
+                out["segment_id"][i] = spans[k, 2]
+                out["episode_progress"][i] = t / (ep.frames - 1) if ep.frames > 1 else 1.0
+                out["segment_progress"][i] = np.where(length > 1, (t - start) / np.maximum(length - 1, 1), 1.0)
+        return out
 
     @property
     def episode_ids(self) -> list[str]:
