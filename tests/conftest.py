@@ -32,10 +32,11 @@ def register_task() -> Iterator[Callable]:
         yield register
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_nodes(tmp_path_factory):
-    """One real multi-node Ray cluster for the whole test session (start-up takes seconds): the head and one
-    more node, one CPU each, without token authentication (``ray.cluster_utils.Cluster`` in a host process,
+    """One real multi-node Ray cluster for the test file that asks for it (start-up takes seconds; only
+    test_scale_out.py does, and an idle cluster costs ~7% of a core, so it stops with the file): the head and
+    one more node, one CPU each, without token authentication (``ray.cluster_utils.Cluster`` in a host process,
     see ray_nodes.py). Tests that add or remove nodes leave the cluster as they like; the fixtures below
     size it back first."""
     from ray_nodes import LocalCluster
@@ -55,7 +56,7 @@ def ray_cluster(ray_nodes) -> str:
     return ray_nodes.address
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_token_cluster(tmp_path_factory):
     """A one-node Ray cluster with token authentication (as `ray start --head` makes since Ray 2.59); its
     token is in ``.token_file``."""

@@ -32,9 +32,9 @@ from demoforge.storage.staging import VIDEO_SHARD_BYTES, staged_episode_ids
 from demoforge.storage.store_verify import verify_store
 from helpers import attempts_now, cli_env, demoforge_argv
 
-# One Ray cluster per test session: the suite runs with `-n 2 --dist loadfile`, so every test of this file runs
-# in one pytest-xdist worker, which alone starts the session's Ray clusters (conftest.ray_nodes, and
-# conftest.ray_token_cluster for the authentication tests).
+# The Ray clusters live as long as this file's tests (conftest.ray_nodes, and conftest.ray_token_cluster for the
+# authentication tests): the suite runs with `-n 2 --dist loadfile`, so every test of this file runs in one
+# pytest-xdist worker, which starts them once and stops them when the file is done.
 pytestmark = pytest.mark.slow
 
 FETCH_ARGS = ("--task", "fetch-pick-place", "--option", "cycles=1", "--option", "image_size=64", "--episodes", "3")
@@ -195,6 +195,18 @@ def test_process_and_ray_executors_commit_what_a_thread_run_commits(tmp_path, ra
         check_store(store).close()
         report = validate_dataset(dataset)
         assert report.status == 0, (kind, report.to_json())
+
+
+def test_a_suite_job_gives_ray_actors_the_episodes_of_a_thread_run(tmp_path, ray_cluster):
+    """A suite's member task is chosen by the episode index in every process: Ray actors commit what threads do."""
+    args = ("--task", "metaworld-very-hard", "--episodes", "1", "--option", "camera=none", "--max-attempts", "5")
+    expected = thread_run(tmp_path / "thread", *args)
+    store = tmp_path / "ray"
+    done = subprocess.run(demoforge_argv("generate", *args, "--store", str(store), *executor_args("ray", ray_cluster)),
+                          env=cli_env(**machine_with_token(tmp_path)), capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert identity(store) == expected and len(expected) > 1
 
 
 # ------------------------------------------------------------------------------------------ kills
