@@ -96,6 +96,17 @@ def test_failures_are_kept_apart_exported_on_request_and_replay_to_the_same_fail
     assert selected.returncode == 0, selected.stderr
     assert len(sidecar(tmp_path / "selected")) == len(failures)
 
+    # the viewer lists each kept failure as one, in the store and in the dataset
+    from demoforge.storage.viewer.source import open_source
+
+    for path in (store, both):
+        viewer = open_source(path)
+        try:
+            notes = [e.reason for e in viewer.entries() if e.outcome == "task_incomplete"]
+        finally:
+            getattr(viewer, "close", lambda: None)()
+        assert notes == ["kept failure: task_incomplete (failed in segment 'retreat')"] * len(failures), path
+
     # the sampler draws from the job's episodes unless asked
     index_of = {int(r["dataset_episode_index"]): bool(r.get("kept_failure")) for r in sidecar(both)}
     for include, want in (("episodes", {False}), ("failures", {True}), ("all", {False, True})):
