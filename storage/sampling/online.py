@@ -207,9 +207,9 @@ class OnlineWindowSampler:
         first frame and 1 at its last; ``segment_progress``, the same within the frame's segment (1 for a
         one-frame segment). From the catalog's records: no staged data is read."""
         c = self.chunk_size
-        out = {"segment_id": np.zeros((len(windows), c), np.int64),
-               "episode_progress": np.zeros((len(windows), c), np.float32),
-               "segment_progress": np.zeros((len(windows), c), np.float32)}
+        out: dict[str, np.ndarray] = {"segment_id": np.zeros((len(windows), c), np.int64),
+                                      "episode_progress": np.zeros((len(windows), c), np.float32),
+                                      "segment_progress": np.zeros((len(windows), c), np.float32)}
         with self._lock:
             for i, w in enumerate(windows):
                 ep = self._episodes[self._slot_of[w.episode_id]]
