@@ -85,6 +85,11 @@ class CheckpointPolicy:
         return np.asarray(action.squeeze(0).cpu().numpy(), dtype=np.float32)
 
 
+def _task_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A checkpoint feature's shape as the task records it: LeRobot keeps images CHW, the task records HWC."""
+    return (shape[1], shape[2], shape[0]) if kind == "VISUAL" and len(shape) == 3 else shape
+
+
 def _declared_features(path: Path) -> tuple[dict[str, tuple[int, ...]], list[tuple[int, ...]]] | None:
     """The input features (HWC for images, as the task records them) and action shapes that ``config.json``
     declares, read as plain JSON: a checkpoint for another task is refused before LeRobot and torch are
@@ -93,10 +98,7 @@ def _declared_features(path: Path) -> tuple[dict[str, tuple[int, ...]], list[tup
         config = json.loads((path / "config.json").read_text())
         wanted: dict[str, tuple[int, ...]] = {}
         for name, feature in config["input_features"].items():
-            shape = tuple(int(n) for n in feature["shape"])
-            if feature["type"] == "VISUAL" and len(shape) == 3:  # LeRobot keeps CHW; the task records HWC
-                shape = (shape[1], shape[2], shape[0])
-            wanted[name] = shape
+            wanted[name] = _task_shape(str(feature["type"]), tuple(int(n) for n in feature["shape"]))
         actions = [tuple(int(n) for n in f["shape"]) for f in config["output_features"].values()]
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
@@ -111,12 +113,8 @@ def checkpoint_policy(path: Path, task_features: Mapping[str, tuple[int, ...]],
     if declared is not None:
         _check_features(path, *declared, task_features, action_shape)
     config = _load_config(path)
-    wanted: dict[str, tuple[int, ...]] = {}
-    for name, feature in config.input_features.items():
-        shape = tuple(feature.shape)
-        if feature.type.name == "VISUAL" and len(shape) == 3:
-            shape = (shape[1], shape[2], shape[0])
-        wanted[name] = shape
+    wanted = {name: _task_shape(feature.type.name, tuple(feature.shape))
+              for name, feature in config.input_features.items()}
     _check_features(path, wanted, [tuple(f.shape) for f in config.output_features.values()], task_features,
                     action_shape)
 

@@ -308,8 +308,8 @@ class Catalog:
                 return True
         stored = json.loads(row[0])
         wanted = fingerprint.to_dict()
-        if stored != wanted and {k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k)} == \
-                {"keep_failures"}:
+        differing = [k for k in sorted(set(stored) | set(wanted)) if stored.get(k) != wanted.get(k)]
+        if differing == ["keep_failures"]:
             store = self.path.parent
             if wanted.get("keep_failures"):
                 raise JobMismatchError(
@@ -318,9 +318,8 @@ class Catalog:
                     "it without --keep-failures, or use a new --store to keep failures from the start")
             raise JobMismatchError(f"the store at {store} keeps failed attempts (created with --keep-failures): "
                                    "resume it with --keep-failures, or use a new --store")
-        if stored != wanted:
-            diffs = [f"{k}: store has {stored.get(k)!r}, this job has {wanted.get(k)!r}"
-                     for k in sorted(set(stored) | set(wanted)) if stored.get(k) != wanted.get(k)]
+        if differing:
+            diffs = [f"{k}: store has {stored.get(k)!r}, this job has {wanted.get(k)!r}" for k in differing]
             raise JobMismatchError(f"the store at {self.path.parent} was created for a different job; "
                                    "use a new --store or the original settings. Differences: " + "; ".join(diffs))
         return False

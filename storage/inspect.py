@@ -70,9 +70,7 @@ def _inspect_store(path: Path, with_frames: bool, max_episodes: int) -> Inspecti
         rows = store.catalog.attempts()
         good = [r for r in rows if r.state in READABLE_STATES and r.record and not r.kept_failure]
         result = Inspection(str(path), "store", episodes=[{**r.record, "length": r.frames} for r in good if r.record])
-        result.outcomes = dict(Counter(f"kept_failure:{r.terminal_reason}" if r.kept_failure else str(r.state)
-                                       if r.state != AttemptState.DISCARDED else f"discarded:{r.terminal_reason}"
-                                       for r in rows))
+        result.outcomes = dict(Counter(_store_outcome(r) for r in rows))
         result.failed = [r.record for r in rows if (r.state == AttemptState.DISCARDED or r.kept_failure) and r.record]
         fingerprint, staging = store.fingerprint, store.staging
         if with_frames and fingerprint is not None and staging is not None and fingerprint.cameras:
@@ -90,6 +88,15 @@ def _inspect_store(path: Path, with_frames: bool, max_episodes: int) -> Inspecti
                               for i, codes in decode_codes(video[depth], steps).items()}
                 _add_boundary_frames(result, record, frames, depths)
     return result
+
+
+def _store_outcome(row: Any) -> str:
+    """An attempt's line in ``outcomes``: its state, with the reason for a discarded or kept failure."""
+    if row.kept_failure:
+        return f"kept_failure:{row.terminal_reason}"
+    if row.state == AttemptState.DISCARDED:
+        return f"discarded:{row.terminal_reason}"
+    return str(row.state)
 
 
 def _boundary_steps(record: dict[str, Any]) -> list[int]:

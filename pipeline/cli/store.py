@@ -83,7 +83,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if summary.get("pruned"):
         console.print(f"pruned: {summary['pruned']} exported episode(s) hold no staged data any more "
                       "(`demoforge prune`); the dataset has them")
-    if summary.get("failures_kept") or (fp.get("keep_failures")):
+    if summary.get("failures_kept") or fp.get("keep_failures"):
         kept = ", ".join(f"{k}={v}" for k, v in sorted(summary["failures_kept_by_reason"].items())) or "none yet"
         console.print(f"failures kept as episodes: {summary['failures_kept']} ({kept}); not counted above, exported "
                       "with `demoforge export --include failures|all`", markup=False)

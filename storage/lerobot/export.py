@@ -70,7 +70,7 @@ from demoforge.storage.lerobot.publish import (
 from demoforge.storage.lerobot.subtasks import subtask_columns, write_temporal_proportions
 from demoforge.storage.reader import open_store_updater
 from demoforge.storage.schema import SCHEMA_VERSION
-from demoforge.storage.schema import INCLUDE_CHOICES, AttemptState, Fingerprint, included
+from demoforge.storage.schema import AttemptState, Fingerprint, check_include, included
 from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore
 from demoforge.storage.store_verify import check_episode
 from demoforge.storage.write_errors import writing
@@ -142,8 +142,10 @@ def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str
     out = Path(out)
     if not stores:
         raise ExportError("no store to export from")
-    if include not in INCLUDE_CHOICES:
-        raise ExportError(f"include {include!r}: expected one of {', '.join(INCLUDE_CHOICES)}")
+    try:
+        check_include(include)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from None
     with contextlib.ExitStack() as opened:
         sources = [_open_source(Path(p), opened) for p in stores]
         _refuse_duplicate_stores(sources)
@@ -164,8 +166,9 @@ def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str
             for source in sources:
                 present = set(marker.dataset_indices(source.store_id)) if marker else set()
                 rows = [r for r in source.catalog.committed() if r.episode_id not in present]
-                left_out += sum(not included(include, r.kept_failure) for r in rows)
-                rows = [r for r in rows if included(include, r.kept_failure)]
+                taken = [r for r in rows if included(include, r.kept_failure)]
+                left_out += len(rows) - len(taken)
+                rows = taken
                 removed = marker.removed_ids(source.store_id, legacy=len(sources) == 1) if marker else set()
                 edited_out += [r.episode_id for r in rows if r.episode_id in removed]
                 rows = [r for r in rows if r.episode_id not in removed]
