@@ -54,6 +54,7 @@ class Tolerance:
 TASK_TOLERANCES: Mapping[str, Tolerance] = {
     "fetch-pick-place": Tolerance(atol=1e-5, rtol=1e-6),
     "aloha-transfer-cube": Tolerance(atol=1e-5, rtol=1e-6),
+    "aloha-insertion": Tolerance(atol=1e-5, rtol=1e-6),
 }
 DEFAULT_TOLERANCE = Tolerance(atol=1e-6, rtol=1e-6)  # any other (plugin) task
 

@@ -221,6 +221,7 @@ class TaskEntry:
 _BUILTIN_MODULES = {
     "fetch-pick-place": "demoforge.pipeline.tasks.fetch_pick_place",
     "aloha-transfer-cube": "demoforge.pipeline.tasks.aloha_transfer_cube",
+    "aloha-insertion": "demoforge.pipeline.tasks.aloha_insertion",
 }
 # Built-in families: every name with the prefix is registered when the module is imported; its ``task_names()``
 # lists them without importing a simulator.
