@@ -103,4 +103,6 @@ class JobSpec:
                            chunk_frames=self.chunk_frames, depth_video=depth,
                            control=self.control.to_json() if self.control is not None else None,
                            rerender=self.rerender.to_json() if self.rerender is not None else None,
-                           keep_failures=self.keep_failures)
+                           keep_failures=self.keep_failures, feature_names=dict(info.feature_names),
+                           # a task that names its robot's features records as that robot does (lerobot-record)
+                           robot_type=info.robot_type if info.feature_names else None)

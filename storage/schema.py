@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from demoforge.storage.errors import StoreError
@@ -164,6 +164,10 @@ class Fingerprint:
     # A rerender job's source and variants (pipeline/rerender.py RerenderSpec.to_json), None for generate
     rerender: Mapping[str, Any] | None = None
     keep_failures: bool = False  # failed attempts are kept as episodes of their own (generate --keep-failures)
+    # Names of a 1-D feature's entries ("action", a state feature), as LeRobot features' "names" carry them: set by
+    # tasks that record a real robot's features (so101-pick-place: "shoulder_pan.pos", ...); empty for the others
+    feature_names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    robot_type: str | None = None  # LeRobot's robot type for info.json; set with feature_names, None otherwise
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, exactly as stores have always recorded it (tuples as lists)."""
@@ -180,6 +184,10 @@ class Fingerprint:
             raw["rerender"] = dict(self.rerender)
         if self.keep_failures:  # absent unless failures are kept, as before
             raw["keep_failures"] = True
+        if self.feature_names:  # absent for tasks without named features, as before
+            raw["feature_names"] = {k: list(v) for k, v in self.feature_names.items()}
+        if self.robot_type is not None:  # absent, as before, for tasks that do not name their robot's features
+            raw["robot_type"] = self.robot_type
         return json.loads(json.dumps(raw, sort_keys=True))
 
     def to_json(self) -> str:
@@ -200,7 +208,8 @@ class Fingerprint:
         wanted = ("schema_version", "task", "task_options", "fps", "cameras", "state_shapes", "action_shape",
                   "video", "seed", "chunk_frames")
         missing = [k for k in wanted if k not in data]
-        extra = sorted(set(data) - set(wanted) - {"depth_video", "control", "rerender", "keep_failures"})
+        extra = sorted(set(data) - set(wanted) - {"depth_video", "control", "rerender", "keep_failures",
+                                                   "feature_names", "robot_type"})
         if missing or extra:
             raise FingerprintError("the store's job fingerprint was written by another version or program: "
                                    + "; ".join([*(f"field {k!r} is missing" for k in missing),
@@ -255,13 +264,49 @@ class Fingerprint:
                    seed=integer("seed", data["seed"]), chunk_frames=integer("chunk_frames", data["chunk_frames"], 1),
                    depth_video=depth_video, control=_control_field(data.get("control")),
                    rerender=_rerender_field(data.get("rerender")),
-                   keep_failures=_keep_failures_field(data.get("keep_failures")))
+                   keep_failures=_keep_failures_field(data.get("keep_failures")),
+                   feature_names=_feature_names_field(data.get("feature_names"), {
+                       **{k: shape("state_shapes", v) for k, v in states.items()},
+                       "action": shape("action_shape", data["action_shape"])}),
+                   robot_type=_robot_type_field(data.get("robot_type")))
 
     def differences(self, other: Fingerprint) -> list[str]:
         """Each differing field, as 'field: store has X, this job has Y' (self is the store's)."""
         mine, theirs = self.to_dict(), other.to_dict()
         return [f"{k}: store has {mine.get(k)!r}, this job has {theirs.get(k)!r}"
                 for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+
+
+def check_feature_names(names: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[str, ...]]:
+    """``names`` as feature -> tuple of entry names; each must name a 1-D feature of ``shapes``, one distinct
+    non-empty string per entry. Raises ValueError saying which is wrong."""
+    checked: dict[str, tuple[str, ...]] = {}
+    for feature, entries in names.items():
+        shape = shapes.get(feature)
+        if shape is None or len(shape) != 1:
+            raise ValueError(f"names are given for {feature!r}, which is not a 1-D feature of this task")
+        if isinstance(entries, str) or not all(isinstance(e, str) and e for e in entries) \
+                or len(entries) != shape[0] or len(set(entries)) != len(entries):
+            raise ValueError(f"{feature!r} needs {shape[0]} distinct non-empty names, got {entries!r}"[:300])
+        checked[feature] = tuple(entries)
+    return checked
+
+
+def _feature_names_field(value: object, shapes: Mapping[str, tuple[int, ...]]) -> Mapping[str, tuple[str, ...]]:
+    if value is None:
+        return {}
+    try:
+        if not isinstance(value, Mapping):
+            raise ValueError("expected an object of feature: [names]")
+        return check_feature_names(value, shapes)
+    except ValueError as exc:
+        raise FingerprintError(f"the store's job fingerprint has a bad 'feature_names' field: {exc}"[:400]) from None
+
+
+def _robot_type_field(value: object) -> str | None:
+    if value is not None and not (isinstance(value, str) and value and len(value) <= 100):
+        raise FingerprintError(f"the store's job fingerprint has a bad 'robot_type' field, got {value!r}"[:400])
+    return value
 
 
 def _keep_failures_field(value: object) -> bool:

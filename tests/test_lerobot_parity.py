@@ -52,6 +52,7 @@ def _lerobot_schema(features):
     ("toy-point", {}),
     ("fetch-pick-place", {}),
     ("aloha-transfer-cube", {}),
+    ("so101-pick-place", {}),  # named features ("shoulder_pan.pos", ...)
     ("metaworld-pick-place-v3", {}),
     ("fetch-pick-place", {"depth": True}),
 ])

@@ -164,14 +164,14 @@ class AlohaTransferCube(aloha_sim.AlohaTask):
         """The open right gripper hovers over the cube, which has not been pushed."""
         tip = self.tip("right")
         cube = cube_position(self.physics)
-        return (np.linalg.norm(cube[:2] - planned[:2]) < 0.01 and np.linalg.norm(tip[:2] - cube[:2]) < 0.03
-                and tip[2] > cube[2] + 0.04)
+        return bool(np.linalg.norm(cube[:2] - planned[:2]) < 0.01 and np.linalg.norm(tip[:2] - cube[:2]) < 0.03
+                    and tip[2] > cube[2] + 0.04)
 
     def _around_cube(self, planned: np.ndarray) -> bool:
         """The right fingertips are at the cube and the cube has not been knocked away."""
         tip = self.tip("right")
         cube = cube_position(self.physics)
-        return np.linalg.norm(cube - planned) < 0.015 and np.linalg.norm(tip - cube) < 0.04
+        return bool(np.linalg.norm(cube - planned) < 0.015 and np.linalg.norm(tip - cube) < 0.04)
 
     def _holds(self, arm: str) -> bool:
         """``arm``'s fingers touch the cube and it sits between them (one finger's contact may flicker)."""

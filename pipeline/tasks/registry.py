@@ -42,6 +42,7 @@ from demoforge.storage.schema import (  # the one camera description (tasks, fin
     CAMERA_KINDS,
     DEPTH,
     CameraSpec,
+    check_feature_names,
 )
 
 
@@ -106,6 +107,10 @@ def check_task_info(info: TaskInfo) -> TaskInfo:
                     math.prod(dims) > MAX_FEATURE_VALUES:
                 raise TaskDefinitionError(f"{what} has shape {dims!r}; dimensions must be positive integers with "
                                           f"at most {MAX_FEATURE_VALUES} values in all")
+        try:
+            check_feature_names(info.feature_names, {**info.state_shapes, "action": tuple(info.action_shape)})
+        except ValueError as exc:
+            raise TaskDefinitionError(str(exc)) from None
     except TaskDefinitionError as exc:
         raise TaskDefinitionError(f"{where}: {exc}") from None
     return info
@@ -131,6 +136,8 @@ class TaskInfo:
     # The expert decides from each observation (a reactive expert), so it can label states it did not choose:
     # noise injection and policy drivers (stages/control.py) are allowed only then
     labels_any_state: bool = False
+    # Names of the entries of 1-D features ("action", state features), exported as LeRobot features' "names"
+    feature_names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -222,6 +229,7 @@ _BUILTIN_MODULES = {
     "fetch-pick-place": "demoforge.pipeline.tasks.fetch_pick_place",
     "aloha-transfer-cube": "demoforge.pipeline.tasks.aloha_transfer_cube",
     "aloha-insertion": "demoforge.pipeline.tasks.aloha_insertion",
+    "so101-pick-place": "demoforge.pipeline.tasks.so101_pick_place",
 }
 # Built-in families: every name with the prefix is registered when the module is imported; its ``task_names()``
 # lists them without importing a simulator.

@@ -329,6 +329,7 @@ class _VersionWriter:
         self.repo_id = repo_id
         self.pause = pause
         self.fps = int(fingerprint.fps)
+        self.robot_type = fingerprint.robot_type
         self.cameras = fingerprint.cameras
         # Outcome flags (next.success, next.done), unless appending to a version exported before them
         self.outcomes = marker is None or "next.done" in _published_features(target)
@@ -423,7 +424,8 @@ class _VersionWriter:
         written += write_tasks(build, tasks)
         written.append(write_stats_file(build, [m.stats for m in meta_rows], old is not None))
         total_episodes, total_frames = first_index + len(self.exported), frame
-        written.append(write_info(build, self.features, self.fps, total_episodes, total_frames, len(tasks)))
+        written.append(write_info(build, self.features, self.fps, total_episodes, total_frames, len(tasks),
+                                  self.robot_type))
         written.append(append_jsonl(build / SIDECAR, sidecar))
         marker = ExportMarker(version=number, repo_id=self.repo_id, schema=schema_identity(self.fp),
                               total_episodes=total_episodes, total_frames=total_frames, tasks=tasks,

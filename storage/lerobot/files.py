@@ -437,11 +437,11 @@ def write_tasks(build: Path, tasks: Mapping[str, int]) -> list[Path]:
     return [path]
 
 
-def write_info(build: Path, features: Mapping[str, dict], fps: int, episodes: int, frames: int, tasks: int
-                ) -> Path:
+def write_info(build: Path, features: Mapping[str, dict], fps: int, episodes: int, frames: int, tasks: int,
+               robot_type: str | None = None) -> Path:
     info = {"codebase_version": CODEBASE_VERSION, "fps": fps, "features": features, "total_episodes": episodes,
             "total_frames": frames, "total_tasks": tasks, "chunks_size": CHUNKS_SIZE,
             "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": VIDEO_FILE_MB,
             "data_path": DATA_PATH, "video_path": VIDEO_PATH,
-            "robot_type": None, "splits": {"train": f"0:{episodes}"}}
+            "robot_type": robot_type, "splits": {"train": f"0:{episodes}"}}
     return write_json(build / INFO, info)

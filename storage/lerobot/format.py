@@ -121,9 +121,10 @@ def dataset_features(fingerprint: Fingerprint, *, outcomes: bool = True) -> dict
     dataset exported before them), annotations, cameras, language, then the automatic columns (timestamp,
     frame_index, episode_index, index, task_index)."""
     features: dict[str, dict] = {}
+    names = {k: list(v) for k, v in fingerprint.feature_names.items()}
     for name, shape in fingerprint.state_shapes.items():
-        features[name] = {"dtype": "float32", "shape": list(shape), "names": None}
-    features["action"] = {"dtype": "float32", "shape": list(fingerprint.action_shape), "names": None}
+        features[name] = {"dtype": "float32", "shape": list(shape), "names": names.get(name)}
+    features["action"] = {"dtype": "float32", "shape": list(fingerprint.action_shape), "names": names.get("action")}
     features["next.reward"] = {"dtype": "float32", "shape": [1], "names": None}
     if outcomes:
         for key in OUTCOME_COLUMNS:
