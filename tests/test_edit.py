@@ -213,6 +213,11 @@ def test_a_lerobot_dataset_is_smart_cut_and_the_reencoded_frames_are_reported(tm
     assert tree(foreign) == before
     edited = tmp_path / "edited"
     assert ExportMarker.read(edited.resolve()).edit["reencoded_frames"] == 4  # recorded, never silent
+    # Neither carries segment records and their features are the same: the source merges with its edit
+    merged = tmp_path / "merged"
+    assert main(["merge", str(foreign), str(edited), "--out", str(merged)]) == 0, capsys.readouterr().err
+    assert violations(merged, demoforge=False) == [] and len(episodes_meta(merged)) == 7
+    assert [len(episode_frames(merged, i)) for i in range(7)] == [9, 11, 7, 10, 11, 7, 10]
     assert violations(edited, demoforge=False, backends=("pyav", "torchcodec")) == []
     for new, old, head in ((0, 1, 3), (1, 2, 0), (2, 3, 1)):
         assert packet_hashes(edited, new)[head:] == packet_hashes(foreign, old)[head:]  # after the keyframe

@@ -76,7 +76,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
         def cells_of(compact: bool) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
             """Full cells, or (on a narrow terminal) camera sizes without names and no action column."""
-            cams = [", ".join(f"{v[0]}x{v[1]}" if compact else f"{k} {v[0]}x{v[1]}" for k, v in r["cameras"].items())
+            cams = [(_sizes(r["cameras"]) if compact else ", ".join(f"{k} {v[0]}x{v[1]}" for k, v in r["cameras"].items()))
                     or "-" for r in rows]
             if compact:
                 return ("task", "fps", "cameras"), [(r["name"], str(r["fps"]), c) for r, c in zip(rows, cams)]
@@ -102,6 +102,14 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     for failure in failures:
         make_console(stderr=True).print(f"demoforge tasks: warning: {failure}", markup=False)
     return EXIT_OK
+
+
+def _sizes(cameras: dict[str, Any]) -> str:
+    """A narrow terminal's camera cell: one camera's size, or how many cameras (`tasks NAME` has their sizes)."""
+    if len(cameras) == 1:
+        (shape,) = cameras.values()
+        return f"{shape[0]}x{shape[1]}"
+    return f"{len(cameras)} cams" if cameras else ""
 
 
 def entry_limit(task: str, key: str) -> float:

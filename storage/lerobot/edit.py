@@ -721,15 +721,14 @@ def merge_datasets(paths: Sequence[Path | str], out: Path | str, *, repo_id: str
         raise EditError("merge needs two or more datasets")
     sources = [open_dataset(p) for p in paths]
     first = sources[0]
-    def kind(source: DatasetToEdit) -> str:
-        if source.foreign:
-            return "a LeRobot dataset demoforge did not write"
-        return "a demoforge dataset" if source.has_sidecar else "a demoforge dataset without segment records"
-
     for other in sources[1:]:
-        if kind(other) != kind(first):
-            raise EditError(f"cannot merge {first.describe()} ({kind(first)}) with {other.describe()} "
-                            f"({kind(other)}); nothing was written")
+        # What a merge cannot mix is segment records for some episodes and none for others; whether demoforge or
+        # LeRobot's writer made a dataset without them does not matter (an edit of a foreign dataset is one).
+        if other.has_sidecar != first.has_sidecar:
+            segmented, plain = (first, other) if first.has_sidecar else (other, first)
+            raise EditError(f"cannot merge {segmented.describe()} with {plain.describe()}: the first carries "
+                            f"demoforge's segment records ({SIDECAR}) and the second has none, and a "
+                            "dataset has them for every episode or for none; nothing was written")
         diffs = feature_differences(first.features, other.features, str(first.path), str(other.path))
         if first.fps != other.fps:
             diffs.insert(0, f"fps: {first.fps} in {first.path}, {other.fps} in {other.path}")
