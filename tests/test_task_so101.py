@@ -26,7 +26,7 @@ from lerobot_loop import train  # noqa: E402
 
 TASK = "so101-pick-place"
 OPTIONS = {"image_height": 48, "image_width": 64}
-EPISODES = 3
+EPISODES = 2
 SEGMENTS = ("reach", "descend", "grasp", "lift", "carry", "place", "release", "retreat")
 SMALL = ("--task", TASK, "--option", "image_height=48", "--option", "image_width=64", "--codec", "h264")
 MOTORS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
