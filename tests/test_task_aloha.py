@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 
 from demoforge.pipeline.tasks.registry import TaskOptionError, get_task  # noqa: E402
 from demoforge.stages.executor import run_episodes  # noqa: E402
-from demoforge.stages.records import AttemptEnded, Frame  # noqa: E402
+from task_checks import check_first_frame_is_gym_alohas, check_segments_cover, ended, frames_of  # noqa: E402
 
 TASK = "aloha-transfer-cube"
 OPTIONS = {"image_height": 48, "image_width": 64}  # unequal sides catch a swapped height/width
@@ -29,14 +29,6 @@ pytestmark = pytest.mark.slow
 
 def run(env: Any, episodes: int) -> list[Any]:
     return list(run_episodes(env, task=TASK, episodes=episodes, job_seed=0, max_attempts=1))
-
-
-def frames_of(records: list[Any], episode: int) -> list[Frame]:
-    return [r for r in records if isinstance(r, Frame) and r.key.episode_index == episode]
-
-
-def ended(records: list[Any]) -> list[AttemptEnded]:
-    return [r for r in records if isinstance(r, AttemptEnded)]
 
 
 @pytest.fixture(scope="module")
@@ -61,18 +53,9 @@ def test_most_seeds_end_committable(aloha):
 def test_segments_in_order_and_spans_cover_the_episode(aloha):
     _env, records = aloha
     for end in ended(records):
-        result = end.result
-        if not result.committable:
-            continue
-        assert tuple(s.name for s in result.segments) == SEGMENTS
-        assert result.segments[0].start_step == 0
-        for before, after in zip(result.segments, result.segments[1:]):
-            assert before.end_step == after.start_step and before.length > 0
-        assert result.segments[-1].end_step == result.length == end.frames
-        assert all(s.success and s.target == "cube" and s.instruction for s in result.segments)
-        frames = frames_of(records, result.episode_index)
-        assert [f.annotations.segment_id for f in frames] == [
-            s.segment_id for s in result.segments for _ in range(s.length)]
+        if end.result.committable:
+            check_segments_cover(end, records, SEGMENTS, "cube")
+            assert all(s.success for s in end.result.segments)
 
 
 def test_same_episode_twice_is_identical(aloha):
@@ -167,17 +150,4 @@ def test_depth_option_renders_metres_from_the_top_camera() -> None:
 def test_with_the_eval_envs_rendering_frames_are_what_lerobots_aloha_env_gives_a_policy() -> None:
     """LeRobot's AlohaEnv (gym-aloha) renders `top` at 480x640 with shadows: asked for that rendering, our frame
     and state equal it pixel for pixel (docs/export.md, "Evaluating with LeRobot")."""
-    import gym_aloha  # noqa: F401 - registers gym_aloha/AlohaTransferCube-v0
-    import gymnasium as gym
-
-    reference = gym.make("gym_aloha/AlohaTransferCube-v0", obs_type="pixels_agent_pos")
-    ours = get_task("aloha-transfer-cube").build({"image_height": 480, "image_width": 640, "shadows": True})
-    try:
-        expected, _ = reference.reset(seed=5)
-        observation, _ = ours.reset(seed=5)
-        recorded = ours.demo_record(observation)
-        assert np.array_equal(recorded.images["top"], expected["pixels"]["top"])
-        np.testing.assert_allclose(recorded.state["observation.state"], expected["agent_pos"], atol=1e-6)
-    finally:
-        reference.close()
-        ours.close()
+    check_first_frame_is_gym_alohas("gym_aloha/AlohaTransferCube-v0", TASK, seed=5)

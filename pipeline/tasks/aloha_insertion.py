@@ -12,21 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
-from gym_aloha.constants import JOINTS
 from gym_aloha.tasks.sim import InsertionTask
 
 from demoforge.pipeline.tasks import aloha_sim
 from demoforge.pipeline.tasks.aloha_sim import CLOSED, OPEN, TABLE_GEOM, Keyframe, OneCameraRendering, Phase, \
     axis_quat, rounded, touching
-from demoforge.pipeline.tasks.randomization import SceneRandomization
-from demoforge.pipeline.tasks.registry import TaskEntry, TaskInfo, register
 from demoforge.stages.contract import Segment, StepView
 
 TASK_NAME = "aloha-insertion"
-DEFAULTS = aloha_sim.DEFAULTS
-CAMERA = aloha_sim.CAMERA
 INSTRUCTION = "insert the peg into the socket"
 PEG_GEOMS = ("red_peg",)
 SOCKET_GEOMS = ("socket-1", "socket-2", "socket-3", "socket-4", "pin")
@@ -187,28 +181,8 @@ class AlohaInsertion(aloha_sim.AlohaTask):
 
 
 # ---------------------------------------------------------------------------------------- registry
-def check_options(options: Mapping[str, Any]) -> None:
-    aloha_sim.check_options(TASK_NAME, options)
-
-
-def describe(options: Mapping[str, Any]) -> TaskInfo:
-    return TaskInfo(
-        name=TASK_NAME,
-        description="ALOHA bimanual sim (gym-aloha AlohaInsertion-v0): the left arm grasps the socket, the right "
-                    "arm the peg; they meet in the air and insert the peg; 14 absolute joint targets, top camera.",
-        instruction=INSTRUCTION, fps=aloha_sim.FPS, action_shape=(len(JOINTS),),
-        state_shapes={"observation.state": (len(JOINTS),)}, cameras=aloha_sim.cameras(options),
-        segment_names=SEGMENT_NAMES, options=dict(options), action_names=tuple(JOINTS), robot_type="aloha")
-
-
-def make_env(options: Mapping[str, Any]) -> gym.Env:
-    return AlohaInsertion(options)
-
-
-SCENE = SceneRandomization(
-    model=lambda env: env.get_wrapper_attr("physics").model.ptr,
-    color_groups={"table": ("table",), "robot": ("vx300s_*",), "objects": ("peg", "socket")},
-    cameras=(CAMERA,), bodies=("peg", "socket"))
-
-register(TaskEntry(name=TASK_NAME, defaults=DEFAULTS, describe=describe, make_env=make_env,
-                   check=check_options, randomization=SCENE, appearance_options=aloha_sim.APPEARANCE))
+aloha_sim.register_task(
+    TASK_NAME, instruction=INSTRUCTION, segment_names=SEGMENT_NAMES, make_env=AlohaInsertion,
+    description="ALOHA bimanual sim (gym-aloha AlohaInsertion-v0): the left arm grasps the socket, the right arm the "
+                "peg; they meet in the air and insert the peg; 14 absolute joint targets, top camera.",
+    objects=("peg", "socket"))

@@ -11,7 +11,8 @@ plan lazy: each segment starts from the pose and object positions the previous o
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,16 @@ from gym_aloha.tasks.sim_end_effector import BimanualViperXEndEffectorTask
 from gymnasium.wrappers import TimeLimit
 
 from demoforge.pipeline.tasks.mujoco_gl import GL_LOCK
-from demoforge.pipeline.tasks.registry import CameraSpec, TaskOptionError, depth_camera
+from demoforge.pipeline.tasks.randomization import SceneRandomization
+from demoforge.pipeline.tasks.registry import (
+    CameraSpec,
+    TaskEntry,
+    TaskInfo,
+    TaskOptionError,
+    depth_camera,
+    fingerprint_options,
+    register,
+)
 from demoforge.stages.contract import RecordedObservation
 
 DEFAULTS: dict[str, Any] = {"image_height": 224, "image_width": 224, "shadows": False, "depth": False}
@@ -383,3 +393,27 @@ def check_options(task: str, options: Mapping[str, Any]) -> None:
 def cameras(options: Mapping[str, Any]) -> tuple[CameraSpec, ...]:
     rgb = CameraSpec(CAMERA, int(options["image_height"]), int(options["image_width"]))
     return (rgb, depth_camera(rgb)) if bool(options["depth"]) else (rgb,)
+
+
+def register_task(name: str, *, description: str, instruction: str, segment_names: tuple[str, ...],
+                  make_env: Callable[[Mapping[str, Any]], gym.Env], objects: tuple[str, ...],
+                  added_options: Mapping[str, Any] | None = None) -> None:
+    """Register a gym-aloha task: the shared options and features (14 joint targets, ``top``, 50 fps) and a scene
+    whose table, robot and ``objects`` (root bodies) change colour, whose top camera moves and whose ``objects``
+    change physics. ``added_options`` are options added after stores were written (left out of fingerprints
+    when at their default)."""
+    added = dict(added_options or {})
+
+    def describe(options: Mapping[str, Any]) -> TaskInfo:
+        return TaskInfo(name=name, description=description, instruction=instruction, fps=FPS,
+                        action_shape=(len(JOINTS),), state_shapes={"observation.state": (len(JOINTS),)},
+                        cameras=cameras(options), segment_names=segment_names,
+                        options=fingerprint_options(options, added), action_names=tuple(JOINTS), robot_type="aloha")
+
+    scene = SceneRandomization(
+        model=lambda env: env.get_wrapper_attr("physics").model.ptr,
+        color_groups={"table": ("table",), "robot": ("vx300s_*",), "objects": objects},
+        cameras=(CAMERA,), bodies=objects)
+    register(TaskEntry(name=name, defaults=DEFAULTS, describe=describe, make_env=make_env,
+                       check=functools.partial(check_options, name), randomization=scene,
+                       appearance_options=APPEARANCE))

@@ -10,9 +10,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
-from gym_aloha.constants import JOINTS
 from gym_aloha.tasks.sim import TransferCubeTask
 
 from demoforge.pipeline.tasks import aloha_sim
@@ -26,14 +24,10 @@ from demoforge.pipeline.tasks.aloha_sim import (
     rounded,
     touching,
 )
-from demoforge.pipeline.tasks.randomization import SceneRandomization
-from demoforge.pipeline.tasks.registry import TaskEntry, TaskInfo, fingerprint_options, register
 from demoforge.stages.contract import Segment, StepView
 
 TASK_NAME = "aloha-transfer-cube"
 ADDED_OPTIONS: dict[str, Any] = {"depth": False}  # options added later: left out of fingerprints when default
-DEFAULTS = aloha_sim.DEFAULTS
-CAMERA = aloha_sim.CAMERA
 INSTRUCTION = "transfer the cube from the right arm to the left arm"
 CUBE_GEOM = "red_box"
 
@@ -188,29 +182,8 @@ class AlohaTransferCube(aloha_sim.AlohaTask):
 
 
 # ---------------------------------------------------------------------------------------- registry
-def check_options(options: Mapping[str, Any]) -> None:
-    aloha_sim.check_options(TASK_NAME, options)
-
-
-def describe(options: Mapping[str, Any]) -> TaskInfo:
-    return TaskInfo(
-        name=TASK_NAME,
-        description="ALOHA bimanual sim (gym-aloha AlohaTransferCube-v0): the right arm picks up the cube "
-                    "and hands it to the left arm; 14 absolute joint targets, top camera.",
-        instruction=INSTRUCTION, fps=aloha_sim.FPS, action_shape=(len(JOINTS),),
-        state_shapes={"observation.state": (len(JOINTS),)}, cameras=aloha_sim.cameras(options),
-        segment_names=SEGMENT_NAMES, options=fingerprint_options(options, ADDED_OPTIONS), action_names=tuple(JOINTS),
-        robot_type="aloha")
-
-
-def make_env(options: Mapping[str, Any]) -> gym.Env:
-    return AlohaTransferCube(options)
-
-
-SCENE = SceneRandomization(
-    model=lambda env: env.get_wrapper_attr("physics").model.ptr,
-    color_groups={"table": ("table",), "robot": ("vx300s_*",), "objects": ("box",)},
-    cameras=(CAMERA,), bodies=("box",))
-
-register(TaskEntry(name=TASK_NAME, defaults=DEFAULTS, describe=describe, make_env=make_env,
-                   check=check_options, randomization=SCENE, appearance_options=aloha_sim.APPEARANCE))
+aloha_sim.register_task(
+    TASK_NAME, instruction=INSTRUCTION, segment_names=SEGMENT_NAMES, make_env=AlohaTransferCube,
+    description="ALOHA bimanual sim (gym-aloha AlohaTransferCube-v0): the right arm picks up the cube and hands it "
+                "to the left arm; 14 absolute joint targets, top camera.",
+    objects=("box",), added_options=ADDED_OPTIONS)
