@@ -197,3 +197,12 @@ def test_the_fingerprint_carries_the_feature_names_and_refuses_bad_ones():
     for bad in ({**raw["feature_names"], "action": ["a"] * 6}, {"observation.images.front": ["x"]}):
         with pytest.raises(FingerprintError, match="feature_names"):
             Fingerprint.from_dict({**raw, "feature_names": bad})
+
+
+def test_the_init_axis_defaults_to_what_the_task_allows():
+    """A task whose limit is below the shared default of a range starts from its limit; beyond is refused."""
+    so101, fetch = get_task(TASK), get_task("fetch-pick-place")
+    assert so101.resolve_options({"randomize": "init"})["randomize.init.scale"] == 1.1
+    assert fetch.resolve_options({"randomize": "init"})["randomize.init.scale"] == 1.3  # the shared default
+    with pytest.raises(TaskOptionError, match=r"randomize.init.scale' must be in 1..1.1"):
+        so101.resolve_options({"randomize": "init", "randomize.init.scale": 1.2})

@@ -66,9 +66,15 @@ RANGES: Mapping[str, Range] = {
 }
 
 
-def option_defaults() -> dict[str, Any]:
-    """The randomization options every randomizable task accepts, at their defaults (off)."""
-    return {RANDOMIZE: "", **{key: r.default for key, r in RANGES.items()}}
+def option_defaults(scene: SceneRandomization | None = None) -> dict[str, Any]:
+    """The randomization options every randomizable task accepts, at their defaults (off); with ``scene``, a
+    range's default is capped at that task's limit (a task that allows less starts from what it allows)."""
+    return {RANDOMIZE: "", **{key: default_range(key, scene) for key in RANGES}}
+
+
+def default_range(key: str, scene: SceneRandomization | None) -> float:
+    """Range option ``key``'s default for the task of ``scene`` (the shared default, capped at its limit)."""
+    return min(RANGES[key].default, scene.limit(key)) if scene is not None else RANGES[key].default
 
 
 def parse_axes(value: str) -> tuple[str, ...]:
@@ -126,7 +132,7 @@ def check_options(options: Mapping[str, Any], scene: SceneRandomization, task: s
         raise RandomizationError(f"task {task!r} does not randomize {missing[0]!r} (it declares no "
                                  f"{_WHAT[missing[0]]}); its axes: {', '.join(supported)}")
     for key, spec in RANGES.items():
-        value = float(options.get(key, spec.default))
+        value = float(options.get(key, default_range(key, scene)))
         limit = scene.limit(key)
         if not (spec.minimum <= value <= limit) or not math.isfinite(value):
             raise RandomizationError(f"task {task!r} option {key!r} must be in {spec.minimum:g}..{limit:g} "
@@ -225,7 +231,7 @@ class RandomizedScene(gym.Wrapper):
         super().__init__(env)
         self.scene = scene
         self.axes = enabled_axes(options, scene)
-        self.ranges = {key: float(options.get(key, spec.default)) for key, spec in RANGES.items()}
+        self.ranges = {key: float(options.get(key, default_range(key, scene))) for key in RANGES}
         self._nominal: _Nominal | None = None  # of the current model (a suite builds one model per member)
         self._free_camera: tuple[Any, tuple[np.ndarray, float, float, float]] | None = None
 

@@ -158,7 +158,7 @@ class TaskEntry:
     def generic_defaults(self) -> dict[str, Any]:
         """Options every task has (instruction paraphrases) or a randomizable task has, at their defaults
         (off); left out of fingerprints at those defaults."""
-        return {INSTRUCTIONS: "", **(option_defaults() if self.randomization is not None else {})}
+        return {INSTRUCTIONS: "", **(option_defaults(self.randomization) if self.randomization is not None else {})}
 
     @property
     def all_defaults(self) -> dict[str, Any]:
