@@ -227,6 +227,7 @@ class So101PickPlaceEnv(gym.Env):
         self._cube_joint = self.model.joint("cube_joint")
         self._target_geom = self.model.geom("target").id
         self._cube_geom = self.model.geom("cube").id
+        self._cube_body = self.model.body("cube").id
         self._fixed_jaw, self._moving_jaw = self.model.body(FIXED_JAW).id, self.model.body(MOVING_JAW).id
         self._table_geom = self.model.geom("table").id
         self._camera_ids = {"front": self.model.camera("front").id, "wrist": self.model.camera(WRIST_CAMERA).id}
@@ -305,10 +306,9 @@ class So101PickPlaceEnv(gym.Env):
     # -- the scene, read by the expert, the success check and validators
     def cube_pose(self) -> tuple[np.ndarray, float]:
         """The cube's centre and its yaw (radians)."""
-        body = self.model.body("cube").id
-        quat = self.data.xquat[body]
+        quat = self.data.xquat[self._cube_body]
         yaw = float(np.arctan2(2 * (quat[0] * quat[3] + quat[1] * quat[2]), 1 - 2 * (quat[2] ** 2 + quat[3] ** 2)))
-        return np.array(self.data.xpos[body]), yaw
+        return np.array(self.data.xpos[self._cube_body]), yaw
 
     def target_xy(self) -> np.ndarray:
         return np.array(self.model.geom_pos[self._target_geom][:2])
