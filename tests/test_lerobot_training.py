@@ -18,6 +18,7 @@ from helpers import cli_env, run_cli
 from lerobot_loop import train
 
 pytestmark = pytest.mark.slow
+@pytest.mark.campaign
 def test_lerobot_trains_on_a_rerendered_metaworld_export(tmp_path) -> None:
     """An export rerendered at another size (with randomized lighting) is a dataset LeRobot trains on, with the
     input features LeRobot's Meta-World env gives a policy; its sub-task labels give LeRobot's RA-BC weights

@@ -85,6 +85,7 @@ def make_store(path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------- crash campaign
+@pytest.mark.campaign
 def test_short_crash_campaign(tmp_path):
     report_path = tmp_path / "report.json"
     started = time.monotonic()

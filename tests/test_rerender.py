@@ -49,7 +49,7 @@ def frames_of(dataset: Path, camera: str) -> list[list[np.ndarray]]:
 def test_new_sizes_cameras_and_variants_with_every_other_column_byte_identical(push_run, tmp_path) -> None:
     """One rerender (worker processes) at another size, with two cameras and two appearance variants: every
     non-video column of each variant equals its source episode's, the new cameras load with both of LeRobot's
-    video backends, the variants differ in pixels, and replay draws each variant's scene again and reproduces it
+    video backends, the variants differ in pixels, and replay draws a variant's scene again and reproduces it
     (images included)."""
     out = tmp_path / "r"
     done = run_cli("rerender", str(push_run / "d"), "--out", str(out), "--option", "image_size=64",
@@ -78,7 +78,7 @@ def test_new_sizes_cameras_and_variants_with_every_other_column_byte_identical(p
     pictures = frames_of(out, "corner2")
     assert np.abs(pictures[0][0].astype(int) - pictures[1][0]).mean() > 2  # two looks at one scene
     assert violations(out, backends=("pyav", "torchcodec")) == []
-    replay = run_cli("replay", str(out), "--images", "--episodes", "0-1", "--json")
+    replay = run_cli("replay", str(out), "--images", "--episodes", "1", "--json")  # a variant other than 0
     assert replay.returncode == 0, replay.stdout + replay.stderr
 
 

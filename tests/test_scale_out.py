@@ -268,6 +268,7 @@ def wait_for_line(run: Generate, pattern: str, timeout: float = 120) -> re.Match
     raise AssertionError(f"no line matching {pattern!r}: {''.join(run.lines)}")
 
 
+@pytest.mark.campaign
 def test_a_lost_node_leaves_the_job_to_the_workers_left(tmp_path, ray_cluster, ray_nodes, toy_clean):
     """Two nodes of one CPU, two actors: the node of one of them is lost mid-episode. Its attempt is re-run
     on the other worker, the replacement cannot be placed (no CPU left) and the job says so, carries on,
@@ -302,6 +303,7 @@ def test_a_lost_node_leaves_the_job_to_the_workers_left(tmp_path, ray_cluster, r
     assert ran == {0, 1}
 
 
+@pytest.mark.campaign
 def test_a_node_that_joins_mid_run_gets_a_worker(tmp_path, ray_nodes, toy_clean):
     """The head alone has room for one of two actors: the job runs with one and says so; a node that joins
     mid-run gets the second, which takes episodes."""
@@ -390,6 +392,7 @@ def test_a_token_cluster_refuses_a_machine_without_its_token(tmp_path, ray_token
 
 
 # ------------------------------------------------------------------------------------------ backpressure
+@pytest.mark.campaign
 def test_a_slow_writer_slows_the_workers_and_memory_stays_bounded(tmp_path, monkeypatch):
     """The driver's writer sleeps per frame: workers block on their in-flight limit, nothing is dropped, and
     neither the driver's Python heap nor a worker's RSS grows with what the run produces."""

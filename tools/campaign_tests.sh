@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The tests kept out of the suite for time (marked `campaign`): multi-node Ray soaks, the slow-writer memory
+# bound, the short crash campaign, every MT50 task's expert, and the per-robot train -> evaluate loops.
+# Run from the repository root after tools/setup.sh; extra arguments go to pytest (e.g. -k so101).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec .venv/bin/python -m pytest -q -n 2 --dist loadfile -m campaign "$@"
