@@ -43,12 +43,15 @@ _EXPORTS: dict[str, str] = {
     "validate": "demoforge.api",
     "open_store": "demoforge.api",
     "open_dataset": "demoforge.api",
+    # recording from a loop of your own (LeRobot's call shape, demoforge's durability)
+    "Recorder": "demoforge.pipeline.recorder",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time each name is imported on first use
     from demoforge.api import export, generate, open_dataset, open_store, validate
+    from demoforge.pipeline.recorder import Recorder
     from demoforge.stages.contract import EpisodeResult, RecordedObservation, Segment, StepView
     from demoforge.stages.executor import run_episodes
     from demoforge.pipeline.reactive import Phase, PolicyExpert, ReactiveExpert, ReturnBranch, reactive_segments

@@ -12,21 +12,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from demoforge.stages.context import StageContext
 from demoforge.stages.contract import EpisodeResult
-from demoforge.stages.plan import EpisodePlanner
 from demoforge.stages.records import EpisodeAbandoned, Record, StagedAttempt
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.provenance import library_versions
 from demoforge.storage.staging import StagingStore
 
 
+class CommitListener(Protocol):
+    """Told each outcome: the job's planner (stages/plan.py EpisodePlanner), or a recorder's waiting callers."""
+
+    def finished(self, episode_index: int, committed: bool, last_error: str = "") -> None: ...
+
+    def attempt_discarded(self, reason: str, episode_index: int = 0) -> None: ...
+
+
 async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt], *, staging: StagingStore,
-                       catalog: Catalog, planner: EpisodePlanner,
+                       catalog: Catalog, planner: CommitListener,
                        on_outcome: Callable[[StagedAttempt], None] | None = None,
                        context: StageContext | None = None) -> None:
     context = context or StageContext()
