@@ -36,6 +36,28 @@ def frame(episode: int, step: int) -> dict:
     return {"observation.state": state, "action": np.roll(state, 1) * 0.5, CAMERA: image, "task": TASK}
 
 
+def lerobot_record(root: Path, episodes: range, *, crashed: Path | None = None) -> Path:
+    """The same frames through LeRobot 0.6.1's own writer (h264, its default PNG-then-encode path). ``crashed``: a
+    copy of the folder taken after the last ``save_episode`` and before ``finalize``: what a SIGKILL there leaves
+    (tools/lerobot_kill_harness.py measured it: the writer's files are flushed per episode; the data file's
+    footer and the buffered episode metadata are written only by finalize)."""
+    from lerobot.configs.video import RGBEncoderConfig
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    dataset = LeRobotDataset.create("local/reference", fps=30, features=FEATURES, root=root, use_videos=True,
+                                    rgb_encoder=RGBEncoderConfig(vcodec="h264"))
+    for episode in episodes:
+        for step in range(length(episode)):
+            dataset.add_frame(frame(episode, step))
+        dataset.save_episode()
+    if crashed is not None:
+        import shutil
+
+        shutil.copytree(root, crashed)
+    dataset.finalize()
+    return root
+
+
 def record(root: Path, episodes: int, codec: str = "h264") -> None:
     from demoforge import Recorder
 

@@ -42,20 +42,6 @@ def record(root: Path, episodes: range, **kwargs) -> Recorder:
     return recorder
 
 
-def lerobot_writer(root: Path, episodes: range) -> Path:
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-    from lerobot.datasets.video_utils import RGBEncoderConfig
-
-    dataset = LeRobotDataset.create("local/reference", fps=30, features=loop.FEATURES, root=root, use_videos=True,
-                                    rgb_encoder=RGBEncoderConfig(vcodec="h264"))
-    for episode in episodes:
-        for step in range(loop.length(episode)):
-            dataset.add_frame(loop.frame(episode, step))
-        dataset.save_episode()
-    dataset.finalize()
-    return root
-
-
 def decoded(dataset: Path, backend: str) -> list[np.ndarray]:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
@@ -65,7 +51,7 @@ def decoded(dataset: Path, backend: str) -> list[np.ndarray]:
 
 def test_the_recorder_writes_what_lerobots_writer_writes(tmp_path: Path) -> None:
     record(tmp_path / "ours", range(2)).close()
-    reference = lerobot_writer(tmp_path / "theirs", range(2))
+    reference = loop.lerobot_record(tmp_path / "theirs", range(2))
     ours = tmp_path / "ours"
     assert violations(ours, backends=("pyav", "torchcodec")) == []
     info, theirs_info = (json.loads((d / "meta/info.json").read_text()) for d in (ours, reference))

@@ -6,7 +6,19 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from demoforge.pipeline.cli import daemon, edit, evaluate, export, generate, replay, rerender, store, tasks, view
+from demoforge.pipeline.cli import (
+    daemon,
+    edit,
+    evaluate,
+    export,
+    generate,
+    repair,
+    replay,
+    rerender,
+    store,
+    tasks,
+    view,
+)
 from demoforge.pipeline.cli.common import EXIT_FAIL, EXIT_USAGE, HelpFormatter, make_console
 from demoforge.pipeline.environment import prepare_process
 from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, describe_write_failure
@@ -27,7 +39,8 @@ settings; 3 the daemon stopped a failing job; 4 an OS error while writing (e.g. 
 COMMANDS = (tasks.add_tasks_parser, tasks.add_run_parser, generate.add_generate_parser, export.add_export_parser,
             export.add_validate_parser, edit.add_edit_parser, edit.add_merge_parser, store.add_inspect_parser,
             view.add_view_parser, store.add_status_parser, daemon.add_daemon_parser, store.add_verify_parser,
-            store.add_prune_parser, replay.add_replay_parser, rerender.add_rerender_parser, evaluate.add_eval_parser)
+            store.add_prune_parser, replay.add_replay_parser, rerender.add_rerender_parser, evaluate.add_eval_parser,
+            repair.add_repair_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,11 +67,13 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from demoforge.pipeline.replay_run import ReplayInputError
     from demoforge.storage.catalog import JobMismatchError
     from demoforge.storage.lerobot.export import ExportError
+    from demoforge.storage.lerobot.repair import RepairError
     from demoforge.storage.staging import StagingFormatError
     from demoforge.storage.viewer.files import ViewerError
 
     return (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
-            ExportError, DaemonConfigError, ViewerError, ReplayInputError, ExecutorError, StagingFormatError)
+            ExportError, DaemonConfigError, ViewerError, ReplayInputError, ExecutorError, StagingFormatError,
+            RepairError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
