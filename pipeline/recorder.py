@@ -287,6 +287,9 @@ class Recorder:
                                   chunk_frames=chunk_frames, feature_names=dict(parsed.names),
                                   robot_type=robot_type)
         store_dir = root.with_name(root.name + ".store")
+        if (root.exists() or root.is_symlink()) and not store_dir.exists():
+            raise RecorderMismatchError(f"{root} exists and no recorder staged it (no {store_dir.name} beside it): "
+                                        "record into a new folder (a LeRobot dataset is never overwritten)")
         try:
             store = JobStore.open(store_dir, fingerprint)
         except JobMismatchError as exc:

@@ -197,6 +197,10 @@ def test_bad_features_calls_and_another_recordings_root_are_refused(tmp_path: Pa
         Recorder.create(root, fps=30, features=other, codec="h264")
     with pytest.raises(RecorderMismatchError):
         Recorder.create(root, fps=15, features=loop.FEATURES, codec="h264")
+    (tmp_path / "someone_elses").mkdir()
+    with pytest.raises(RecorderMismatchError, match="no recorder staged it"):
+        Recorder.create(tmp_path / "someone_elses", fps=30, features=loop.FEATURES, codec="h264")
+    assert not (tmp_path / "someone_elses.store").exists()
     assert {p: p.read_bytes() for p in sorted(root.resolve().rglob("*")) if p.is_file()} == before
 
 
