@@ -158,13 +158,13 @@ class GenerationDaemon:
         this uses a connection of its own rather than taking the lock again."""
         from demoforge.storage.catalog import Catalog
         from demoforge.storage.prune import prune_exported
-        from demoforge.storage.staging import EpisodeLayout, StagingStore
+        from demoforge.storage.staging import StagingLayout, StagingStore
 
         catalog = Catalog(self.config.store)
         try:
             fingerprint = catalog.fingerprint()
             assert fingerprint is not None  # the runner bound the job before any export
-            staging = StagingStore(self.config.store, EpisodeLayout.from_fingerprint(fingerprint))
+            staging = StagingStore(self.config.store, StagingLayout.from_fingerprint(fingerprint))
             try:
                 return prune_exported(catalog, staging)
             finally:

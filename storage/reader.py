@@ -17,7 +17,7 @@ from demoforge.storage.catalog import CATALOG_FILE, Catalog, check_catalog_file
 from demoforge.storage.errors import ReadOnlyError, StoreError
 from demoforge.storage.paths import path_problem, short_path
 from demoforge.storage.schema import Fingerprint
-from demoforge.storage.staging import EpisodeLayout, StagingStore
+from demoforge.storage.staging import StagingLayout, StagingStore
 
 __all__ = ["ReadOnlyError", "StoreView", "open_store_reader", "open_store_updater"]
 
@@ -46,9 +46,9 @@ class StoreView:
         return self._fingerprint
 
     @property
-    def layout(self) -> EpisodeLayout | None:
+    def layout(self) -> StagingLayout | None:
         fingerprint = self.fingerprint
-        return None if fingerprint is None else EpisodeLayout.from_fingerprint(fingerprint)
+        return None if fingerprint is None else StagingLayout.from_fingerprint(fingerprint)
 
     @property
     def staging(self) -> StagingStore | None:

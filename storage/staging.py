@@ -105,7 +105,7 @@ def staged_episode_ids(store_dir: Path) -> list[str]:
 
 
 @dataclass(frozen=True)
-class EpisodeLayout:
+class StagingLayout:
     """The features of one job's episodes: what arrays each staged episode has."""
 
     state_shapes: Mapping[str, tuple[int, ...]]
@@ -114,7 +114,7 @@ class EpisodeLayout:
     chunk_frames: int = 64
 
     @classmethod
-    def from_fingerprint(cls, fingerprint: Fingerprint) -> EpisodeLayout:
+    def from_fingerprint(cls, fingerprint: Fingerprint) -> StagingLayout:
         return cls(state_shapes=fingerprint.state_shapes, action_shape=fingerprint.action_shape,
                    cameras=fingerprint.cameras, chunk_frames=fingerprint.chunk_frames)
 
@@ -228,7 +228,7 @@ class EpisodeWriter:
     chunks) do the blocking I/O and may run in one worker thread, in the order they were issued.
     """
 
-    def __init__(self, root: zarr.Group, path: Path, episode_id: str, layout: EpisodeLayout) -> None:
+    def __init__(self, root: zarr.Group, path: Path, episode_id: str, layout: StagingLayout) -> None:
         self.path = path
         self.episode_id = episode_id
         self.layout = layout
@@ -399,7 +399,7 @@ class StagingStore:
     """The Zarr staging area of one job store. ``read_only``: a reader's view, which creates nothing and
     refuses every write with :class:`ReadOnlyError` (committed episodes are read with their catalog counts)."""
 
-    def __init__(self, store_dir: Path, layout: EpisodeLayout, *, read_only: bool = False) -> None:
+    def __init__(self, store_dir: Path, layout: StagingLayout, *, read_only: bool = False) -> None:
         self.store_dir = Path(store_dir)
         self.path = self.store_dir / STAGING_DIR
         self.layout = layout

@@ -15,7 +15,7 @@ from demoforge.storage.locks import try_lock
 from demoforge.storage.paths import LOCK_FILE, path_problem, short_path
 from demoforge.storage.recovery import RecoveryReport, recover
 from demoforge.storage.schema import Fingerprint
-from demoforge.storage.staging import STAGING_DIR, STAGING_FORMAT, EpisodeLayout, StagingCorruptError, StagingStore
+from demoforge.storage.staging import STAGING_DIR, STAGING_FORMAT, StagingLayout, StagingCorruptError, StagingStore
 
 __all__ = ["JobStore", "StoreError", "StoreLockedError", "acquire_lock"]
 
@@ -64,7 +64,7 @@ class JobStore:
             catalog = Catalog(path)
             created = catalog.bind_job(fingerprint)
             _check_staging_format(catalog, path)
-            staging = StagingStore(path, EpisodeLayout.from_fingerprint(fingerprint))
+            staging = StagingStore(path, StagingLayout.from_fingerprint(fingerprint))
             report = recover(catalog, staging)
         except StagingCorruptError as exc:  # e.g. an unsafe episode id in a tampered catalog
             os.close(lock_fd)

@@ -77,7 +77,7 @@ def replace_staged_video(store, episode_id, camera, data):
     import zarr
 
     from demoforge.storage.schema import Fingerprint
-    from demoforge.storage.staging import STAGING_FORMAT, EpisodeLayout, StagingStore, array_path
+    from demoforge.storage.staging import STAGING_FORMAT, StagingLayout, StagingStore, array_path
 
     video_array = store / "staging.zarr" / "episodes" / episode_id / array_path(f"video/{camera}", STAGING_FORMAT)
     array = zarr.open_array(str(video_array), mode="r+")
@@ -88,7 +88,7 @@ def replace_staged_video(store, episode_id, camera, data):
         frames, video_bytes = db.execute("SELECT frames, video_bytes FROM attempts WHERE episode_id = ?",
                                          (episode_id,)).fetchone()
         sizes = {**json.loads(video_bytes), camera: len(data)}
-        staged = StagingStore(store, EpisodeLayout.from_fingerprint(fingerprint), read_only=True).read_episode(
+        staged = StagingStore(store, StagingLayout.from_fingerprint(fingerprint), read_only=True).read_episode(
             episode_id, frames, sizes)
         db.execute("UPDATE attempts SET video_bytes = ?, content_hash = ? WHERE episode_id = ?",
                    (json.dumps(sizes), staged.content_hash(), episode_id))
@@ -189,7 +189,7 @@ def test_an_altered_state_frame_that_verify_accepts_diverges_at_that_frame(fetch
     import zarr
 
     from demoforge.storage.schema import Fingerprint
-    from demoforge.storage.staging import EpisodeLayout, StagingStore
+    from demoforge.storage.staging import StagingLayout, StagingStore
 
     store = tmp_path / "store"
     shutil.copytree(fetch_store, store)
@@ -209,7 +209,7 @@ def test_an_altered_state_frame_that_verify_accepts_diverges_at_that_frame(fetch
                                      (episode_id,)).fetchone()
 
     def read():
-        return StagingStore(store, EpisodeLayout.from_fingerprint(fingerprint), read_only=True).read_episode(
+        return StagingStore(store, StagingLayout.from_fingerprint(fingerprint), read_only=True).read_episode(
             episode_id, frames, json.loads(video_bytes))
 
     staged = read()

@@ -17,7 +17,7 @@ from demoforge.pipeline.runner import run_job
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.lerobot.validate import validate_dataset
 from demoforge.storage.schema import CameraSpec
-from demoforge.storage.staging import SHARD_CHUNKS, STAGING_FORMAT, VIDEO_SHARD_BYTES, EpisodeLayout, StagingStore
+from demoforge.storage.staging import SHARD_CHUNKS, STAGING_FORMAT, VIDEO_SHARD_BYTES, StagingLayout, StagingStore
 from demoforge.storage.store_verify import verify_store
 from helpers import REPO, run_cli
 
@@ -44,14 +44,14 @@ def test_episode_file_count_does_not_grow_with_length(tmp_path: Path) -> None:
     for store in (short, long):
         catalog = Catalog(store)
         try:
-            staging = StagingStore(store, EpisodeLayout.from_fingerprint(catalog.fingerprint()))
+            staging = StagingStore(store, StagingLayout.from_fingerprint(catalog.fingerprint()))
             assert verify_store(catalog, staging).ok
         finally:
             catalog.close()
 
 
 def test_long_episode_adds_one_file_per_array_per_shard_and_buffers_at_most_a_shard(tmp_path: Path) -> None:
-    layout = EpisodeLayout(state_shapes={"observation.state": (14,)}, action_shape=(14,), cameras=(CameraSpec("top", 8, 8),))
+    layout = StagingLayout(state_shapes={"observation.state": (14,)}, action_shape=(14,), cameras=(CameraSpec("top", 8, 8),))
     staging = StagingStore(tmp_path / "store", layout)
     writer = staging.open_episode("ep00000000-a00")
     rng = np.random.default_rng(0)

@@ -57,7 +57,7 @@ from demoforge.stages.encode import CameraEncoder  # noqa: E402
 from demoforge.stages.executor import run_episodes  # noqa: E402
 from demoforge.stages.records import AttemptEnded, AttemptStarted, Frame  # noqa: E402
 from demoforge.storage.reader import open_store_reader  # noqa: E402
-from demoforge.storage.staging import EpisodeLayout, StagingStore  # noqa: E402
+from demoforge.storage.staging import StagingLayout, StagingStore  # noqa: E402
 from demoforge.storage.video import count_frames as count_video_frames  # noqa: E402
 
 FETCH = "fetch-pick-place"
@@ -211,7 +211,7 @@ def bench_serial(task: str, options: Mapping[str, Any], episodes: int, settings:
     """
     entry = get_task(task)
     info = entry.info(options)
-    layout = EpisodeLayout(state_shapes=info.state_shapes, action_shape=info.action_shape, cameras=info.cameras)
+    layout = StagingLayout(state_shapes=info.state_shapes, action_shape=info.action_shape, cameras=info.cameras)
     t0 = time.perf_counter()
     staging = StagingStore(workdir, layout)
     env = entry.build(options)

@@ -161,7 +161,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from demoforge.storage.catalog import Catalog
     from demoforge.storage.prune import prune_exported
     from demoforge.storage.reader import open_store_reader
-    from demoforge.storage.staging import EpisodeLayout, StagingStore
+    from demoforge.storage.staging import StagingLayout, StagingStore
     from demoforge.storage.store import acquire_lock
 
     if not args.exported:
@@ -175,7 +175,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
             fingerprint = catalog.fingerprint()
             if fingerprint is None:
                 raise StoreError(f"{args.store} has no job fingerprint; nothing was ever generated there")
-            staging = StagingStore(args.store, EpisodeLayout.from_fingerprint(fingerprint))
+            staging = StagingStore(args.store, StagingLayout.from_fingerprint(fingerprint))
             console = make_console(stderr=True)
             try:
                 report = prune_exported(catalog, staging, progress=lambda done, total: console.print(
