@@ -62,7 +62,7 @@ def derive_seed(job_seed: int, episode_index: int, attempt: int) -> int:
     return int(state.generate_state(1, dtype=np.uint32)[0])
 
 
-class EpisodeRange:
+class RangeWorkSource:
     """A simple work source: episode indices ``start .. start+count-1``, each from attempt 0; with a suite's
     ``layout``, those ``count`` episodes of every member in turn."""
 
@@ -671,4 +671,5 @@ def run_episodes(env: gym.Env | gym.vector.VectorEnv, *, task: str, episodes: in
     """Convenience: run episodes ``0..episodes-1`` (of every member of a suite's ``layout``) and yield every
     record (``cameras``, ``control``, ``make_policy``, ``keep_failures``: see :class:`Executor`)."""
     yield from Executor(env, task=task, job_seed=job_seed, max_attempts=max_attempts, cameras=cameras,
-                        control=control, make_policy=make_policy, keep_failures=keep_failures).run(EpisodeRange(episodes, layout=layout))
+                        control=control, make_policy=make_policy,
+                        keep_failures=keep_failures).run(RangeWorkSource(episodes, layout=layout))

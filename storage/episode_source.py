@@ -117,9 +117,9 @@ class EpisodeSource:
 def open_episode_source(path: Path | str) -> EpisodeSource:
     path = Path(path)
     if (path / CATALOG_FILE).is_file():
-        return StoreSource(path)
+        return ReplayStoreSource(path)
     if (path / INFO_FILE).is_file():
-        return DatasetSource(path)
+        return ReplayDatasetSource(path)
     if not path.exists():
         raise EpisodeSourceError(f"{path} does not exist")
     raise EpisodeSourceError(f"{path} is neither a demoforge store ({CATALOG_FILE}) nor a LeRobot dataset "
@@ -127,7 +127,7 @@ def open_episode_source(path: Path | str) -> EpisodeSource:
 
 
 # ----------------------------------------------------------------------------------------------- store
-class StoreSource(EpisodeSource):
+class ReplayStoreSource(EpisodeSource):
     """Committed (and exported) episodes of a store, read through the store's read side."""
 
     kind = "store"
@@ -190,7 +190,7 @@ class StoreSource(EpisodeSource):
 
 
 # --------------------------------------------------------------------------------------------- dataset
-class DatasetSource(EpisodeSource):
+class ReplayDatasetSource(EpisodeSource):
     """Episodes of a LeRobot v3.0 dataset written by ``demoforge export``."""
 
     kind = "dataset"

@@ -100,3 +100,15 @@ def test_the_checker_sees_an_upward_import_and_a_circle() -> None:
     graph = {"demoforge.storage.a": {"demoforge.pipeline.b"}, "demoforge.pipeline.b": {"demoforge.storage.a"}}
     assert [m for m, ts in graph.items() for t in ts if floor(t) > floor(m)] == ["demoforge.storage.a"]
     assert strongly_connected(graph) == [["demoforge.pipeline.b", "demoforge.storage.a"]]
+
+
+def test_public_class_names_are_unique_across_the_floors() -> None:
+    """One concept, one name: a public class name is defined in one module only (two classes of one name made
+    readers guess which one a signature meant)."""
+    defined: dict[str, list[str]] = defaultdict(list)
+    for floor_name in FLOORS:
+        for path in sorted((ROOT / floor_name).rglob("*.py")):
+            for node in ast.parse(path.read_text(), str(path)).body:
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                    defined[node.name].append(module_name(path))
+    assert {name: modules for name, modules in defined.items() if len(modules) > 1} == {}

@@ -19,7 +19,7 @@ from demoforge.stages.contract import (
     TaskProtocolError,
     TerminalReason,
 )
-from demoforge.stages.executor import EpisodeRange, Executor, derive_seed, run_episodes
+from demoforge.stages.executor import RangeWorkSource, Executor, derive_seed, run_episodes
 from demoforge.stages.records import AttemptEnded, AttemptStarted, EpisodeAbandoned, Frame
 from toy_env import HoldingPointEnv, PointEnv, SegSpec
 
@@ -349,7 +349,7 @@ def test_interrupt_stops_all_rows_and_discards_in_flight():
         calls["n"] += 1
         return calls["n"] > 5
 
-    records = list(Executor(env, task="t", interrupt=interrupt).run(EpisodeRange(10)))
+    records = list(Executor(env, task="t", interrupt=interrupt).run(RangeWorkSource(10)))
     frames, ended = split(records)
     assert len(ended) == 1 and ended[0].result.terminal_reason is TerminalReason.INTERRUPTED
     assert not ended[0].result.committable and not ended[0].result.counts_as_attempt

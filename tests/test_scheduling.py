@@ -17,7 +17,7 @@ import pytest
 
 import toy_tasks
 from demoforge.stages.encode import CameraEncoder, encode_stage
-from demoforge.stages.executor import EpisodeRange, Executor
+from demoforge.stages.executor import RangeWorkSource, Executor
 from demoforge.stages.records import EncodedFrame, Frame
 from demoforge.stages.settings import VideoSettings
 from demoforge.storage.scheduling import normal_priority, realtime_threads, reset_process_priority
@@ -91,7 +91,7 @@ async def test_the_encode_stage_lanes_open_av1_at_normal_priority() -> None:
     options = {**OPTIONS, "size": 64}  # SVT-AV1 needs at least 64x64
     env = toy_tasks.CameraPointEnv(options)
     try:
-        records = list(Executor(env, task="toy-point").run(EpisodeRange(2)))
+        records = list(Executor(env, task="toy-point").run(RangeWorkSource(2)))
     finally:
         env.close()
     cameras = toy_tasks.describe(options).cameras

@@ -21,7 +21,7 @@ from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.stages.commit import commit_stage
 from demoforge.stages.context import StageContext
 from demoforge.stages.encode import EncoderError, encode_stage
-from demoforge.stages.executor import EpisodeRange, Executor
+from demoforge.stages.executor import RangeWorkSource, Executor
 from demoforge.stages.plan import EpisodePlanner
 from demoforge.stages.records import (
     AttemptEnded,
@@ -53,7 +53,7 @@ def toy_records(episodes: int, *, start: int = 0, fail_every: int = 0, max_attem
     """The executor's records of toy episodes ``start..start+episodes-1`` (fail_every=1: every attempt fails)."""
     env = toy_tasks.CameraPointEnv({**OPTIONS, "fail_every": fail_every})
     try:
-        return list(Executor(env, task="toy-point", max_attempts=max_attempts).run(EpisodeRange(episodes, start)))
+        return list(Executor(env, task="toy-point", max_attempts=max_attempts).run(RangeWorkSource(episodes, start)))
     finally:
         env.close()
 

@@ -16,7 +16,7 @@ import numpy as np
 from gym_aloha.tasks.sim import InsertionTask
 
 from demoforge.pipeline.tasks import aloha_sim
-from demoforge.pipeline.tasks.aloha_sim import CLOSED, OPEN, TABLE_GEOM, Keyframe, OneCameraRendering, Phase, \
+from demoforge.pipeline.tasks.aloha_sim import CLOSED, OPEN, TABLE_GEOM, Keyframe, OneCameraRendering, ScriptedPhase, \
     axis_quat, rounded, touching
 from demoforge.stages.contract import Segment, StepView
 
@@ -45,11 +45,11 @@ QUATS = {"left": axis_quat((0.0, 1.0, 0.0), 60.0), "right": axis_quat((0.0, 1.0,
 SIDE = {"left": -1.0, "right": 1.0}  # each arm's side of MEET along x
 
 PHASES = (
-    Phase("reach", 0, 120, "move the left gripper above the socket and the right gripper above the peg, open"),
-    Phase("descend", 120, 170, "lower the open grippers around the socket and the peg"),
-    Phase("grasp", 170, 220, "close the left gripper on the socket and the right gripper on the peg"),
-    Phase("lift_to_meet", 220, 285, "lift the socket and the peg and bring them face to face in the air"),
-    Phase("insert", 285, 360, "push the peg into the socket until it touches the pin"),
+    ScriptedPhase("reach", 0, 120, "move the left gripper above the socket and the right gripper above the peg, open"),
+    ScriptedPhase("descend", 120, 170, "lower the open grippers around the socket and the peg"),
+    ScriptedPhase("grasp", 170, 220, "close the left gripper on the socket and the right gripper on the peg"),
+    ScriptedPhase("lift_to_meet", 220, 285, "lift the socket and the peg and bring them face to face in the air"),
+    ScriptedPhase("insert", 285, 360, "push the peg into the socket until it touches the pin"),
 )
 SEGMENT_NAMES = tuple(phase.name for phase in PHASES)
 PLAN_STEPS = PHASES[-1].end

@@ -102,7 +102,7 @@ def segment_keyframes(plan: list[Keyframe], now: Keyframe, end: int) -> list[Key
 
 
 @dataclass(frozen=True)
-class Phase:
+class ScriptedPhase:
     """One segment of a timeline: steps ``[start, end)``, with the instruction it is recorded with."""
 
     name: str
@@ -336,7 +336,7 @@ class AlohaTask(gym.Wrapper):
             keyframes[arm] = Keyframe(t, pos, quat, grips[arm])
         return keyframes
 
-    def plan_phase(self, plan: Mapping[str, list[Keyframe]], phase: Phase) -> np.ndarray:
+    def plan_phase(self, plan: Mapping[str, list[Keyframe]], phase: ScriptedPhase) -> np.ndarray:
         """The joint actions of ``phase``: ``plan`` rolled out from the arms' live poses in the synced copy."""
         now = self._current_keyframes(phase.start)
         frames = {arm: segment_keyframes(plan[arm], now[arm], phase.end) for arm in ARMS}

@@ -43,7 +43,7 @@ MEET_QUAT = axis_quat((1.0, 0.0, 0.0), -90.0)  # left gripper rolled: fingers cr
 
 
 @dataclass(frozen=True)
-class Phase(aloha_sim.Phase):
+class TransferPhase(aloha_sim.ScriptedPhase):
     """A handover phase. ``tracks_cube`` re-reads the cube on the table; ``measures_handoff`` re-reads where
     the right gripper holds it, so the left arm aims at the cube rather than at a nominal point."""
 
@@ -52,13 +52,13 @@ class Phase(aloha_sim.Phase):
 
 
 PHASES = (
-    Phase("reach_above_cube", 0, 90, "move the right gripper above the cube and open it", True),
-    Phase("descend", 90, 130, "lower the open right gripper around the cube", True),
-    Phase("grasp", 130, 170, "close the right gripper on the cube"),
-    Phase("lift_to_meet", 170, 200, "lift the cube toward the meeting point"),
-    Phase("move_to_meet", 200, 260, "bring both grippers to the meeting point", measures_handoff=True),
-    Phase("handover", 260, 310, "close the left gripper on the cube, then open the right gripper"),
-    Phase("retreat", 310, 400, "pull both arms apart with the cube in the left gripper"),
+    TransferPhase("reach_above_cube", 0, 90, "move the right gripper above the cube and open it", True),
+    TransferPhase("descend", 90, 130, "lower the open right gripper around the cube", True),
+    TransferPhase("grasp", 130, 170, "close the right gripper on the cube"),
+    TransferPhase("lift_to_meet", 170, 200, "lift the cube toward the meeting point"),
+    TransferPhase("move_to_meet", 200, 260, "bring both grippers to the meeting point", measures_handoff=True),
+    TransferPhase("handover", 260, 310, "close the left gripper on the cube, then open the right gripper"),
+    TransferPhase("retreat", 310, 400, "pull both arms apart with the cube in the left gripper"),
 )
 SEGMENT_NAMES = tuple(phase.name for phase in PHASES)
 PLAN_STEPS = PHASES[-1].end

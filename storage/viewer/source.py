@@ -133,9 +133,9 @@ def open_source(path: Path | str) -> ViewerSource:
     if not path.exists():
         raise ViewerError(f"{path} does not exist")
     if (path / "catalog.sqlite").is_file():
-        return StoreSource(path)
+        return ViewedStore(path)
     if (path / "meta" / "info.json").is_file():
-        return DatasetSource(path)
+        return ViewedDataset(path)
     raise ViewerError(f"{path} is neither a demoforge store (catalog.sqlite) nor a LeRobot dataset (meta/info.json)")
 
 
@@ -208,7 +208,7 @@ def _depth_preview(codes: Callable[[], list[np.ndarray]], identity: DepthVideoId
 
 
 # ---------------------------------------------------------------------------------------------- dataset
-class DatasetSource:
+class ViewedDataset:
     """A LeRobot v3.0 dataset; segments come from demoforge's sidecar when there is one."""
 
     rejections: RejectionMarks | None  # the rejected list beside the dataset
@@ -385,7 +385,7 @@ def _row_groups_holding(parquet: Any, column: int, value: int) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------------ store
-class StoreSource:
+class ViewedStore:
     """A job store: every attempt in the catalog (committed, exported, discarded, quarantined, in progress)."""
 
     files: PinnedTree | None = None  # a store serves no files, only remuxed streams and depth previews
