@@ -88,7 +88,6 @@ class RecorderFeatures:
     """A LeRobot feature dict, as the stages record it: cameras, state features (every other numeric feature, in
     the user's order) and the action."""
 
-    features: Mapping[str, Mapping[str, Any]]
     cameras: tuple[CameraSpec, ...]
     state_shapes: Mapping[str, tuple[int, ...]]
     action_shape: tuple[int, ...]
@@ -132,8 +131,7 @@ class RecorderFeatures:
         if action is None:
             raise RecorderError("features: an 'action' feature (float32) is required, as LeRobot's policies train "
                                 "on it")
-        parsed = cls(features={k: dict(v) for k, v in features.items()}, cameras=tuple(cameras),
-                     state_shapes=states, action_shape=action, names=names)
+        parsed = cls(cameras=tuple(cameras), state_shapes=states, action_shape=action, names=names)
         try:
             check_task_info(parsed.task_info(fps=30))
         except TaskDefinitionError as exc:
@@ -319,9 +317,9 @@ class Recorder:
         ``instruction`` as its language); ``reward`` is recorded as ``next.reward``. Blocks while the stages are
         behind."""
         self._check_open()
-        task = frame.get("task") if isinstance(frame, Mapping) else None
         if not isinstance(frame, Mapping):
             raise FrameError(f"a frame is a dict of feature name -> value, got {type(frame).__name__}")
+        task = frame.get("task")
         if not isinstance(task, str) or not task.strip() or len(task) > 1000:
             raise FrameError("frame['task']: expected the episode's instruction, a non-empty string of at most "
                              f"1000 characters, got {task!r}"[:300])

@@ -29,8 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from demoforge.storage.durable import fsync_dir, fsync_file
+from demoforge.storage.durable import FsyncPool, fsync_dir
 from demoforge.storage.lerobot.parquet_footer import FooterRebuildError, has_footer, read_without_footer
+from demoforge.storage.video import count_frames, decode_indices
 
 
 class RepairError(ValueError):
@@ -90,16 +91,12 @@ class _Episode:
 
 
 def _fsync_tree(root: Path) -> None:
-    """Every file, then every folder (deepest first) of a built dataset: all of it is on disk before the rename
-    that publishes it."""
-    folders = [root]
-    for path in sorted(root.rglob("*")):
-        if path.is_dir():
-            folders.append(path)
-        else:
-            fsync_file(path)
-    for folder in sorted(folders, key=lambda p: -len(p.parts)):
-        fsync_dir(folder)
+    """Every file, then every folder of a built dataset: all of it is on disk before the rename that publishes
+    it (one concurrent batch, as a dataset version is published)."""
+    walked = list(os.walk(root))
+    with FsyncPool() as pool:
+        pool.fsync_all([Path(folder) / name for folder, _dirs, files in walked for name in files],
+                       [Path(folder) for folder, _dirs, _files in walked])
 
 
 def _chunk_file(path: Path) -> tuple[int, int]:
@@ -179,9 +176,7 @@ def _frame_counts(root: Path, key: str, findings: list[str]) -> list[tuple[tuple
     out = []
     for path in sorted((root / "videos" / key).glob("chunk-*/file-*.mp4")):
         try:
-            with av.open(str(path)) as container:
-                stream = container.streams.video[0]
-                frames = sum(1 for packet in container.demux(stream) if packet.size)
+            frames = count_frames(path)
         except (av.error.FFmpegError, IndexError, OSError) as exc:
             findings.append(f"{path.relative_to(root)}: unreadable ({exc}); the episodes in it are lost")
             frames = 0
@@ -283,21 +278,13 @@ def _video_stats(root: Path, info: dict[str, Any], key: str, where: tuple[int, i
                  feature: dict[str, Any]) -> dict[str, np.ndarray]:
     """LeRobot's statistics of one episode's camera (``compute_episode_stats``: sampled frames, downsampled,
     per channel, scaled to [0, 1]), from the decoded frames."""
-    import av
     from lerobot.datasets.compute_stats import auto_downsample_height_width, get_feature_stats, sample_indices
 
     chunk, file, begin, _ = where
     path = root / info["video_path"].format(video_key=key, chunk_index=chunk, file_index=file)
     first = round(begin * info["fps"])
-    wanted = set(sample_indices(length))
-    images = []
-    with av.open(str(path)) as container:
-        for number, frame in enumerate(container.decode(container.streams.video[0])):
-            if number - first in wanted:
-                image = frame.to_ndarray(format="rgb24").transpose(2, 0, 1)
-                images.append(auto_downsample_height_width(image))
-            if number - first >= length:
-                break
+    frames = decode_indices(path, [first + i for i in sorted(set(sample_indices(length)))])
+    images = [auto_downsample_height_width(frames[n].transpose(2, 0, 1)) for n in sorted(frames)]
     stats = get_feature_stats(np.stack(images), axis=(0, 2, 3), keepdims=True)
     scale = 1.0 if (feature.get("info") or {}).get("is_depth_map") else 255.0
     return {k: v if k == "count" else np.squeeze(v / scale, axis=0) for k, v in stats.items()}
