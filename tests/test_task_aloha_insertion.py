@@ -137,6 +137,7 @@ def test_the_viewer_lists_each_episode_with_its_segments(job):
     assert [v.camera for v in view.videos] == ["top"] and view.videos[0].to_s > view.videos[0].from_s
 
 
+@pytest.mark.campaign  # policy training: tools/campaign_tests.sh runs it (so101's and Meta-World's twins too)
 def test_lerobot_trains_on_the_export_and_evaluates_in_alohainsertion(job, tmp_path):
     _store, dataset = job
     config = train_and_evaluate(tmp_path, dataset, ("--env.type=aloha", "--env.task=AlohaInsertion-v0",
