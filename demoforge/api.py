@@ -1,4 +1,5 @@
-"""The library entry points behind ``from demoforge import generate, export, validate, open_store, open_dataset``.
+"""The library entry points behind ``from demoforge import generate, export, validate, open_dataset``
+(``open_store`` is storage/store.py's own).
 
 Each is the function the matching command calls, with keyword arguments instead of flags: a notebook or a
 training script gets the same behaviour (resume, atomic publishing, checks) as the command line.
@@ -15,7 +16,6 @@ if TYPE_CHECKING:
 
     from demoforge.pipeline.runner import JobReport
     from demoforge.storage.lerobot.export import ExportReport
-    from demoforge.storage.reader import StoreView
     from demoforge.storage.lerobot.validate import ValidationReport
 
 
@@ -62,10 +62,3 @@ def open_dataset(dataset: Path | str, **kwargs: Any) -> LeRobotDataset:
     repo_id = json.loads(marker.read_text()).get("repo_id") if marker.is_file() else None
     return LeRobotDataset(repo_id or "local/dataset", root=root, **kwargs)
 
-
-def open_store(store: Path | str) -> StoreView:
-    """A store opened read-only (``with open_store(path) as store:``): its catalog, fingerprint, layout and
-    staged episodes. Safe while a job writes to it; every write through it raises ``ReadOnlyError``."""
-    from demoforge.storage.reader import open_store_reader
-
-    return open_store_reader(store)

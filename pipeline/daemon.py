@@ -154,23 +154,12 @@ class GenerationDaemon:
             self.log.emit("pruned", episodes=pruned.pruned + pruned.finished, freed_bytes=pruned.freed_bytes)
 
     def _prune(self):
-        """Delete the staged data of exported episodes. The daemon holds the store's lock (its runner), so
-        this uses a connection of its own rather than taking the lock again."""
-        from demoforge.storage.catalog import Catalog
-        from demoforge.storage.prune import prune_exported
-        from demoforge.storage.staging import StagingLayout, StagingStore
+        """Delete the staged data of exported episodes. The daemon's runner holds the store's writer lock, so
+        this opens the store beside it (mode r+: it touches only exported episodes, which no writer uses)."""
+        from demoforge.storage.store import open_store
 
-        catalog = Catalog(self.config.store)
-        try:
-            fingerprint = catalog.fingerprint()
-            assert fingerprint is not None  # the runner bound the job before any export
-            staging = StagingStore(self.config.store, StagingLayout.from_fingerprint(fingerprint))
-            try:
-                return prune_exported(catalog, staging)
-            finally:
-                staging.close()
-        finally:
-            catalog.close()
+        with open_store(self.config.store, "r+") as store:
+            return store.prune_exported()
 
     async def _export_loop(self) -> None:
         while True:

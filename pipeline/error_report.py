@@ -25,9 +25,9 @@ def committed_in(store: Path | None) -> int | None:
     if store is None:
         return None
     try:
-        from demoforge.storage.reader import open_store_reader
+        from demoforge.storage.store import open_store
 
-        with open_store_reader(store) as view:
+        with open_store(store) as view:
             return len(view.catalog.committed())
     except Exception:  # noqa: BLE001 - only an extra detail of the message
         return None

@@ -26,7 +26,7 @@ from demoforge.pipeline.workers.config import ExecutorConfig
 from demoforge.stages.control import ControlSpec
 from demoforge.stages.settings import VideoSettings
 from demoforge.storage.catalog import READABLE_STATES
-from demoforge.storage.reader import open_store_reader
+from demoforge.storage.store import open_store
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -105,7 +105,7 @@ def evaluate(task: str, driver: str, episodes: int, *, seed: int = 0, task_optio
 def _read(folder: Path, runner: JobRunner, spec: JobSpec, kept: str | None, elapsed_s: float) -> EvalReport:
     names = tuple(runner.info.segment_names)
     rows: dict[int, EvalEpisode] = {}
-    with open_store_reader(folder) as view:
+    with open_store(folder) as view:
         for row in view.catalog.attempts():
             record = row.record or {}
             if row.state in READABLE_STATES:

@@ -46,9 +46,8 @@ from demoforge.storage.lerobot.format import (
     camera_key,
 )
 from demoforge.storage.names import TaskDefinitionError
-from demoforge.storage.recovery import release_unfinished
 from demoforge.storage.schema import ANNOTATION_KEYS, SCHEMA_VERSION, CameraSpec, Fingerprint
-from demoforge.storage.store import JobStore
+from demoforge.storage.store import Store, open_store
 
 #: The fingerprint's task name of every recorder store (the episodes' own task strings are their instructions).
 RECORDER_TASK = "recorder"
@@ -227,7 +226,7 @@ class _Outcomes:
 class Recorder:
     """A durable LeRobot-style recorder. Use :meth:`create`; one recorder per root at a time (a lock)."""
 
-    def __init__(self, root: Path, store: JobStore, features: RecorderFeatures, fingerprint: Fingerprint,
+    def __init__(self, root: Path, store: Store, features: RecorderFeatures, fingerprint: Fingerprint,
                  settings: VideoSettings, publish: Publish, repo_id: str, queue_frames: int) -> None:
         self.root, self.store_dir = root, store.path
         self.features, self.fingerprint = features, fingerprint
@@ -289,7 +288,7 @@ class Recorder:
             raise RecorderMismatchError(f"{root} exists and no recorder staged it (no {store_dir.name} beside it): "
                                         "record into a new folder (a LeRobot dataset is never overwritten)")
         try:
-            store = JobStore.open(store_dir, fingerprint)
+            store = open_store(store_dir, "w", fingerprint=fingerprint)
         except JobMismatchError as exc:
             raise RecorderMismatchError(f"{root} was recorded with other settings: {exc}") from None
         except StoreError as exc:
@@ -497,15 +496,13 @@ class Recorder:
                 tg.start_soon(functools.partial(encode_stage, front_recv, enc_send, cameras=self.features.cameras,
                                                 fps=self.fingerprint.fps, settings=self._settings, context=context,
                                                 stats_dir=self.store_dir))
-                tg.start_soon(functools.partial(write_stage, enc_recv, write_send, staging=store.staging,
-                                                catalog=store.catalog, context=context))
-                await commit_stage(write_recv, staging=store.staging, catalog=store.catalog,
-                                   planner=self._outcomes, on_outcome=self._outcomes.outcome, context=context)
+                tg.start_soon(functools.partial(write_stage, enc_recv, write_send, store=store, context=context))
+                await commit_stage(write_recv, store=store, planner=self._outcomes, on_outcome=self._outcomes.outcome, context=context)
         except BaseException as exc:
             self._failure = exc
             self._outcomes.fail_all(exc)
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(release_unfinished, store.catalog, store.staging)
+                await anyio.to_thread.run_sync(store.release_unfinished)
             raise
 
     def _shutdown(self) -> None:

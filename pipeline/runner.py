@@ -38,8 +38,8 @@ from demoforge.stages.plan import EpisodePlanner, RunawayStop
 from demoforge.stages.records import EpisodeAssignment, Record, StagedAttempt
 from demoforge.stages.step import StepSettings, step_stage
 from demoforge.stages.write import write_stage
-from demoforge.storage.recovery import RecoveryReport, release_unfinished
-from demoforge.storage.store import JobStore
+from demoforge.storage.recovery import RecoveryReport
+from demoforge.storage.store import Store, open_store
 
 
 @dataclass
@@ -183,7 +183,8 @@ class JobRunner:
     async def _run(self, remote: RemoteExecutor | None, handle_signals: bool) -> JobReport:
         spec, info = self.spec, self.info
         context = StageContext(stop=self._stop, busy=self.stats.busy, delays=stage_delays())
-        store = await anyio.to_thread.run_sync(JobStore.open, self.store_dir, spec.fingerprint(info))
+        store = await anyio.to_thread.run_sync(functools.partial(open_store, self.store_dir, "w",
+                                                                   fingerprint=spec.fingerprint(info)))
         try:
             resume = store.catalog.resume_state()
             planner = self._planner = EpisodePlanner(
@@ -252,21 +253,20 @@ class JobRunner:
                     tg.start_soon(functools.partial(encode_stage, step_recv, enc_send, cameras=info.cameras,
                                                     fps=info.fps, settings=spec.video, context=context,
                                                     stats_dir=self.store_dir))
-                tg.start_soon(functools.partial(write_stage, enc_recv, write_send, staging=store.staging,
-                                                catalog=store.catalog, context=context))
-                await commit_stage(write_recv, staging=store.staging, catalog=store.catalog, planner=planner,
+                tg.start_soon(functools.partial(write_stage, enc_recv, write_send, store=store, context=context))
+                await commit_stage(write_recv, store=store, planner=planner,
                                    on_outcome=on_outcome, context=context)
                 tg.cancel_scope.cancel()  # only the signal watcher can still be running
             return self._report(store, planner)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(release_unfinished, store.catalog, store.staging)
+                await anyio.to_thread.run_sync(store.release_unfinished)
             raise
         finally:
             self._planner = None
             await anyio.to_thread.run_sync(store.close)
 
-    def _report(self, store: JobStore, planner: EpisodePlanner) -> JobReport:
+    def _report(self, store: Store, planner: EpisodePlanner) -> JobReport:
         stats = self.stats
         per_task = tuple(TaskOutcome(member, planner.committed_of(g),
                                      sum(1 for i in planner.abandoned if self.layout.group(i) == g),

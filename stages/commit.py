@@ -3,13 +3,13 @@
 A failure kept as data (``generate --keep-failures``) is committed the same way, flagged in its catalog row:
 it is an episode of its own that fills no slot of the job.
 
-Commit order is what makes a crash harmless: fsync the attempt's files (and directories) first, then flip
-its catalog row in one transaction. A crash before the flip leaves a staging row that start-up recovery
-discards; after it, the episode is committed and complete. A discard flips the row first, then deletes.
+The order that makes a crash harmless (fsync, then flip the catalog row; a discard flips first, then deletes)
+is the store's: ``Store.commit_attempt`` and ``Store.discard_attempt`` (storage/store.py).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -20,9 +20,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from demoforge.stages.context import StageContext
 from demoforge.stages.contract import EpisodeResult
 from demoforge.stages.records import EpisodeAbandoned, Record, StagedAttempt
-from demoforge.storage.catalog import Catalog
 from demoforge.storage.provenance import library_versions
-from demoforge.storage.staging import StagingStore
+from demoforge.storage.store import Store
 
 
 class CommitListener(Protocol):
@@ -33,8 +32,8 @@ class CommitListener(Protocol):
     def attempt_discarded(self, reason: str, episode_index: int = 0) -> None: ...
 
 
-async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt], *, staging: StagingStore,
-                       catalog: Catalog, planner: CommitListener,
+async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt], *, store: Store,
+                       planner: CommitListener,
                        on_outcome: Callable[[StagedAttempt], None] | None = None,
                        context: StageContext | None = None) -> None:
     context = context or StageContext()
@@ -51,25 +50,21 @@ async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt
             mark = time.perf_counter()
             episode_id = ended.key.episode_id
             if result.keeps_data:
-                await anyio.to_thread.run_sync(staging.make_durable, episode_id)
-                if delay_s:
-                    await anyio.sleep(delay_s)
-                await anyio.to_thread.run_sync(lambda: catalog.commit(
-                    episode_id, frames=ended.frames, video_bytes=item.video_bytes,
-                    content_hash=item.content_hash or "",
-                    record={**result.to_record(), "versions": library_versions()}, kept_failure=result.kept))
+                # Tests stretch the window between the fsync and the flip (a kill lands inside it).
+                pause = functools.partial(time.sleep, delay_s) if delay_s else None
+                await anyio.to_thread.run_sync(functools.partial(
+                    store.commit_attempt, episode_id, frames=ended.frames, video_bytes=item.video_bytes,
+                    content_hash=item.content_hash or "", record={**result.to_record(), "versions": library_versions()},
+                    kept_failure=result.kept, before_flip=pause))
                 if result.committable:
                     planner.finished(ended.key.episode_index, committed=True)
                 else:  # a failure kept as data: its slot is retried (the executor starts the next attempt)
                     planner.attempt_discarded(_reason(result), ended.key.episode_index)
             else:
-                def discard() -> None:
-                    catalog.discard(episode_id, reason=result.failure_reason or result.terminal_reason.value,
-                                    terminal_reason=result.terminal_reason.value,
-                                    counted=result.counts_as_attempt, record=result.to_record())
-                    staging.delete_episode(episode_id)
-
-                await anyio.to_thread.run_sync(discard)
+                await anyio.to_thread.run_sync(functools.partial(
+                    store.discard_attempt, episode_id, reason=result.failure_reason or result.terminal_reason.value,
+                    terminal_reason=result.terminal_reason.value, counted=result.counts_as_attempt,
+                    record=result.to_record()))
                 planner.attempt_discarded(_reason(result), ended.key.episode_index)
             context.busy.add("commit", time.perf_counter() - mark)
             if on_outcome is not None:

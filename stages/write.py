@@ -34,8 +34,8 @@ from demoforge.stages.records import (
     StagedAttempt,
     VideoTail,
 )
-from demoforge.storage.catalog import Catalog
-from demoforge.storage.staging import ChunkWrites, EpisodeWriter, StagingStore
+from demoforge.storage.staging import ChunkWrites, EpisodeWriter
+from demoforge.storage.store import Store
 
 #: Pending I/O jobs (attempt openings, chunk writes, attempt ends) before the stage stops taking records.
 DEFAULT_IO_QUEUE = 8
@@ -65,7 +65,7 @@ def _finish(writer: EpisodeWriter, last: ChunkWrites, cameras: Mapping[str, Mapp
 
 
 async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[Record | StagedAttempt],
-                      *, staging: StagingStore, catalog: Catalog, context: StageContext | None = None,
+                      *, store: Store, context: StageContext | None = None,
                       io_queue: int = DEFAULT_IO_QUEUE) -> None:
     context = context or StageContext()
     delay_s = context.delay("write")
@@ -78,15 +78,10 @@ async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryOb
             async for record in receive:
                 if isinstance(record, AttemptStarted):
                     key = record.key
-                    writer = writers[key] = staging.prepare_episode(key.episode_id)
-
-                    def open_attempt(key: AttemptKey = key, rec: AttemptStarted = record,
-                                     writer: EpisodeWriter = writer) -> None:
-                        catalog.begin_attempt(key.episode_index, key.attempt, key.episode_id, rec.seed, rec.row,
-                                              rec.worker)
-                        writer.create()
-
-                    await jobs_send.send(_IoJob(open_attempt))
+                    writer = writers[key] = store.prepare_attempt(key.episode_id)
+                    await jobs_send.send(_IoJob(functools.partial(
+                        store.begin_attempt, writer, episode_index=key.episode_index, attempt=key.attempt,
+                        seed=record.seed, row=record.row, worker=record.worker)))
                 elif isinstance(record, EncodedFrame):
                     writer = writers[record.key]
                     full = writer.add_frame(record.state, record.action, record.reward,

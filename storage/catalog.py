@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from demoforge.storage.errors import ReadOnlyError, StoreError
-from demoforge.storage.paths import short_path
+from demoforge.storage.paths import CATALOG_FILE, short_path
 from demoforge.storage.schema import READABLE_STATES, AttemptState, Fingerprint
 from demoforge.storage.write_errors import writing
 
-CATALOG_FILE = "catalog.sqlite"
 CATALOG_VERSION = 2  # 2: attempts.kept_failure (a catalog of version 1 is given the column when a writer opens it)
 OUR_TABLES = frozenset({"meta", "attempts"})
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -173,7 +172,7 @@ class AttemptRow:
 class Catalog:
     """Thread-safe: stages call it from worker threads; one lock serialises the connection.
 
-    ``Catalog(store_dir)`` is the writer's opener (JobStore.open, behind the store lock): it creates the
+    ``Catalog(store_dir)`` is the writer's opener (``open_store(path, "w")``, behind the store lock): it creates the
     schema. Readers use :meth:`open_read_only` (an SQLite ``mode=ro`` connection, no schema script; every
     write method raises :class:`ReadOnlyError`); export and verify, which flip attempt states of an existing
     store while a writer may run, use :meth:`open_existing` (no schema script, never creates the file).

@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from demoforge.storage.catalog import CATALOG_FILE, AttemptRow
-from demoforge.storage.reader import open_store_reader
+from demoforge.storage.catalog import AttemptRow
+from demoforge.storage.paths import CATALOG_FILE
+from demoforge.storage.store import open_store
 from demoforge.storage.schema import AttemptState
 from demoforge.storage.staging import staged_episode_ids, staged_episode_path
 
@@ -50,7 +51,7 @@ def attempt_rows(store: Path) -> list[AttemptRow] | None:
     if not (Path(store) / CATALOG_FILE).exists():
         return None
     try:
-        with open_store_reader(store) as view:
+        with open_store(store) as view:
             return sorted(view.catalog.attempts(), key=lambda r: r.row_id)
     except Exception:  # a catalog a killed or starting process is creating right now: read it again later
         return None
@@ -134,7 +135,7 @@ def check_resumed_store(store: Path, *, target: int, before: StoreSnapshot | Non
                             f"missing {sorted(kept - folders)}, partial files {partial[:3]}")
     from demoforge.storage.store_verify import verify_store
 
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         _fingerprint, staged = view.require_job()
         report = verify_store(view.catalog, staged, quarantine=False)
     if not report.ok:

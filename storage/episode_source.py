@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from demoforge.storage.catalog import CATALOG_FILE
+from demoforge.storage.paths import CATALOG_FILE
 from demoforge.storage.lerobot.format import INFO as INFO_FILE
 from demoforge.storage.lerobot.format import MARKER, SIDECAR, ExportMarker, camera_key, read_sidecar
 from demoforge.storage.schema import ANNOTATION_KEYS
@@ -134,11 +134,11 @@ class ReplayStoreSource(EpisodeSource):
 
     def __init__(self, path: Path) -> None:
         from demoforge.storage.errors import StoreError
-        from demoforge.storage.reader import open_store_reader
+        from demoforge.storage.store import open_store
 
         self.path = path
         try:
-            self._store = open_store_reader(path)
+            self._store = open_store(path)
             fingerprint, self._staging = self._store.require_job()
             # Pruned episodes (staged data deleted after export) are replayed from the dataset, not the store.
             pruned = self._store.catalog.pruned_ids()

@@ -1,4 +1,4 @@
-"""Errors of the store as a whole, shared by the writer (store.py) and the readers (reader.py)."""
+"""Errors of the store as a whole (storage/store.py), shared by its catalog and staging area."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class ReadOnlyError(StoreError):
     """A write was attempted through a store or catalog opened for reading."""
 
     def __init__(self, operation: str, where: object) -> None:
-        super().__init__(f"cannot {operation}: {where} is open read-only (writes go through the store's writer, "
-                         "JobStore.open, or an updater, open_store_updater)")
+        super().__init__(f"cannot {operation}: {where} is open read-only (writes go through a store opened "
+                         "with open_store(path, 'w'), or 'r+' for state changes)")
         self.operation = operation
         self.where = where

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from demoforge.storage.catalog import CATALOG_FILE
+from demoforge.storage.paths import CATALOG_FILE
 from demoforge.storage.depth import COLOUR_PERCENTILES, colourise, decode_codes, dequantize
 from demoforge.storage.lerobot.format import INFO, SIDECAR, read_sidecar
-from demoforge.storage.reader import open_store_reader
+from demoforge.storage.store import open_store
 from demoforge.storage.schema import READABLE_STATES, AttemptState
 from demoforge.storage.video import decode_indices
 
@@ -66,7 +66,7 @@ def inspect_path(path: Path | str, *, with_frames: bool = False, max_episodes: i
 
 
 def _inspect_store(path: Path, with_frames: bool, max_episodes: int) -> Inspection:
-    with open_store_reader(path) as store:
+    with open_store(path) as store:
         rows = store.catalog.attempts()
         good = [r for r in rows if r.state in READABLE_STATES and r.record and not r.kept_failure]
         result = Inspection(str(path), "store", episodes=[{**r.record, "length": r.frames} for r in good if r.record])

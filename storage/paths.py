@@ -1,4 +1,6 @@
-"""Path limits and names of a store's files, checked before anything is created."""
+"""The names of a store's files (one place for them), and the path limits checked before anything is created.
+
+A dataset's file names are LeRobot's: storage/lerobot/format.py."""
 
 from __future__ import annotations
 
@@ -7,7 +9,10 @@ from pathlib import Path
 
 NAME_MAX = 255  # bytes in one path component (Linux filesystems)
 PATH_MAX = 4096  # bytes in a whole path, the terminating NUL included
-LOCK_FILE = "writer.lock"
+LOCK_FILE = "writer.lock"  # the writer's flock (storage/locks.py)
+CATALOG_FILE = "catalog.sqlite"  # attempts, their states and the job (storage/catalog.py)
+STAGING_DIR = "staging.zarr"  # the staged episodes (storage/staging.py)
+EPISODES_DIR = "episodes"  # under STAGING_DIR: one folder per staged attempt
 
 
 def short_path(path: Path | str, keep: int = 100) -> str:

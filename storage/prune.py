@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.durable import fsync_dir
-from demoforge.storage.staging import EPISODES_DIR, StagingStore
+from demoforge.storage.paths import EPISODES_DIR
+from demoforge.storage.staging import StagingStore
 
 PRUNE_PAUSE = "DEMOFORGE_PRUNE_PAUSE"  # tests: seconds to sleep between deletions, so a kill lands inside
 

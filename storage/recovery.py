@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.durable import fsync_dir
 from demoforge.storage.schema import AttemptState
-from demoforge.storage.staging import EPISODES_DIR, StagingStore
+from demoforge.storage.paths import EPISODES_DIR
+from demoforge.storage.staging import StagingStore
 
 
 @dataclass(frozen=True)

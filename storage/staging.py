@@ -43,7 +43,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +56,7 @@ from zarr.core.sync import sync as zarr_sync
 from demoforge.storage.durable import FsyncPool, fsync_dir, fsync_file
 from demoforge.storage.episode_stats import EpisodeStats
 from demoforge.storage.errors import ReadOnlyError
+from demoforge.storage.paths import EPISODES_DIR, STAGING_DIR
 from demoforge.storage.lerobot.stats import json_digest
 from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.schema import CameraSpec, Fingerprint
@@ -71,8 +72,6 @@ SHARD_CHUNKS = 16  # chunks of ``chunk_frames`` rows per shard: 1024 frames, one
 VIDEO_CHUNK_BYTES = 1 << 16  # 64 KiB: the most a video tail is padded
 VIDEO_SHARD_BYTES = 1 << 22  # 4 MiB per camera: the writer's buffer, and the file size of a long stream
 V1_VIDEO_CHUNK_BYTES = 1 << 20  # format 1: unsharded 1 MiB chunks
-STAGING_DIR = "staging.zarr"
-EPISODES_DIR = "episodes"  # under STAGING_DIR: one folder per staged attempt
 EPISODE_ID = re.compile(r"ep[0-9]{8,}-a[0-9]{2,}")  # stages.records.AttemptKey.episode_id
 
 

@@ -3,8 +3,8 @@ and (format 3) the stored statistics: covered by the content hash, readable, and
 the numeric arrays recomputed from the staged data and each camera's over LeRobot's frame sample.
 
 An episode that fails is quarantined (never exported) when ``quarantine`` is set; the report says why.
-Quarantining writes the catalog: open the store with ``open_store_updater`` for that, or
-``open_store_reader`` to report only.
+Quarantining writes the catalog: ``Store.verify`` (storage/store.py) runs this through a store opened in
+mode ``"r+"`` for that, or ``"r"`` to report only.
 """
 
 from __future__ import annotations

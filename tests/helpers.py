@@ -46,7 +46,8 @@ def run_cli(*args: str, timeout: float = 300, **extra_env: str) -> subprocess.Co
 def attempts_now(store: Path, states: tuple[str, ...] | None = None) -> list:
     """The catalog's attempt rows (of ``states``) at this moment, safe while a job writes the store; empty
     before the job has created its catalog."""
-    from demoforge.storage.catalog import CATALOG_FILE, Catalog
+    from demoforge.storage.catalog import Catalog
+    from demoforge.storage.paths import CATALOG_FILE
     from demoforge.storage.errors import StoreError
 
     if not (store / CATALOG_FILE).exists():
@@ -103,10 +104,10 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def committed_files(store: Path) -> dict[str, dict[str, bytes]]:
     """Every file of every committed episode's staged folder, by episode id (for byte-identity checks)."""
-    from demoforge.storage.reader import open_store_reader
+    from demoforge.storage.store import open_store
 
     out: dict[str, dict[str, bytes]] = {}
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         _fingerprint, staging = view.require_job()
         bases = {r.episode_id: staging.episode_path(r.episode_id) for r in view.catalog.committed()}
     for episode_id, base in bases.items():

@@ -24,7 +24,7 @@ from demoforge.storage.crash_invariants import (
     identities,
     snapshot,
 )
-from demoforge.storage.reader import open_store_reader
+from demoforge.storage.store import open_store
 from demoforge.storage.schema import AttemptState
 from helpers import cli_env, demoforge_argv, kill_after_start
 
@@ -36,7 +36,7 @@ ARGS = ("generate", "--task", "toy-point", "--episodes", str(EPISODES), "--codec
 
 
 def catalog_rows(store):
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         return view.catalog.committed(), view.catalog.attempts((AttemptState.STAGING,)), view.catalog.summary()
 
 

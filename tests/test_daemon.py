@@ -14,7 +14,7 @@ import pytest
 from demoforge.pipeline.daemon_config import DaemonConfigError, load_config
 from demoforge.pipeline.metrics import scrape as scrape_metrics
 from demoforge.storage.lerobot.validate import validate_dataset
-from demoforge.storage.reader import open_store_reader
+from demoforge.storage.store import open_store
 from helpers import cli_env, daemon_events, demoforge_argv
 
 pytestmark = pytest.mark.slow
@@ -90,7 +90,7 @@ def wait_for(predicate, timeout=180.0, every=0.25):
 
 
 def committed(store: Path) -> list:
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         return view.catalog.attempts(("committed", "exported")), view.catalog.attempts(("staging",))
 
 

@@ -33,7 +33,7 @@ from demoforge.storage import depth as depth_video  # noqa: E402
 from demoforge.storage.catalog import Catalog  # noqa: E402
 from demoforge.storage.lerobot.export import export_store  # noqa: E402
 from demoforge.storage.lerobot.validate import validate_dataset  # noqa: E402
-from demoforge.storage.reader import open_store_reader  # noqa: E402
+from demoforge.storage.store import open_store  # noqa: E402
 from demoforge.storage.schema import DEPTH, Fingerprint, FingerprintError  # noqa: E402
 from demoforge.storage.staging import staged_episode_ids  # noqa: E402
 from helpers import attempts_now, cli_env, demoforge_argv, kill_once_started  # noqa: E402
@@ -88,7 +88,7 @@ def depth_run(tmp_path_factory: pytest.TempPathFactory) -> DepthRun:
     assert report.committed_total == EPISODES
     export_store(store, dataset)
     rendered, rgb = render_episodes(OPTIONS, EPISODES)
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         rows = {r.episode_index: r for r in view.catalog.committed()}
     assert [rows[i].seed for i in range(EPISODES)] == [derive_seed(0, i, 0) for i in range(EPISODES)]
     segments = {i: (rows[i].record or {})["segments"] for i in range(EPISODES)}
@@ -120,7 +120,7 @@ def quantization_step(depth_m: np.ndarray, identity) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------- the round trip
 def test_staged_depth_is_lerobots_quantization_of_the_rendered_depth_exactly(depth_run: DepthRun) -> None:
-    with open_store_reader(depth_run.store) as view:
+    with open_store(depth_run.store) as view:
         fingerprint, staging = view.require_job()
         identity = fingerprint.depth_video
         assert identity == depth_video.lerobot_depth_identity()
@@ -300,7 +300,7 @@ def test_process_executor_records_the_same_depth(depth_run: DepthRun, tmp_path: 
     assert done.returncode == 0, done.stderr
 
     def rows(path: Path) -> list[tuple]:
-        with open_store_reader(path) as view:
+        with open_store(path) as view:
             return [(r.episode_index, r.attempt, r.frames, r.content_hash, r.video_bytes)
                     for r in view.catalog.committed()]
 
@@ -432,7 +432,7 @@ def test_sigkill_with_depth_resumes_to_a_clean_runs_content(tmp_path: Path) -> N
                              lambda: len(attempts_now(store)) > rows_before, rng.uniform(0.1, 1.5),
                              start_timeout_s=180):
             kills += 1
-        with open_store_reader(store) as view:
+        with open_store(store) as view:
             after = {r.episode_id: r.content_hash for r in view.catalog.committed()}
         assert all(after.get(k) == v for k, v in before.items()), "a committed episode was lost or altered"
         before = after
@@ -444,12 +444,12 @@ def test_sigkill_with_depth_resumes_to_a_clean_runs_content(tmp_path: Path) -> N
     run_job(JobSpec(task=TASK, episodes=episodes, task_options=OPTIONS, video=VideoSettings(codec="h264")), clean)
 
     def rows(path: Path) -> list[tuple]:
-        with open_store_reader(path) as view:
+        with open_store(path) as view:
             return [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash, r.video_bytes)
                     for r in view.catalog.committed()]
 
     assert rows(store) == rows(clean)
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         assert set(staged_episode_ids(store)) == {r.episode_id for r in view.catalog.committed()}
     verify = subprocess.run(demoforge_argv("verify", "--store", str(store)), env=cli_env(), capture_output=True,
                             text=True, timeout=300)

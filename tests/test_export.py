@@ -19,7 +19,7 @@ from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
 from demoforge.storage.lerobot.export import NotOurDatasetError, SchemaMismatchError, ExportError, export_store
 from demoforge.storage.lerobot.validate import validate_dataset
-from demoforge.storage.reader import open_store_reader
+from demoforge.storage.store import open_store
 from helpers import cli_env, decode_frames, demoforge_argv, kill_once_started, psnr, run_cli
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ def tree_digest(root):
 
 
 def staged_rows(store):
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         _fingerprint, staging = view.require_job()
         rows = view.catalog.attempts(("committed", "exported"))
         return [(r, staging.read_episode(r.episode_id, r.frames, r.video_bytes)) for r in rows]
@@ -140,7 +140,7 @@ def test_two_exports_append_and_a_third_changes_nothing(tmp_path):
     assert [r["dataset_episode_index"] for r in sidecar] == list(range(10))
     assert [r["staging_episode_index"] for r in sidecar] == list(range(10))
     assert all(r["success"] and r["schema_version"] == 1 for r in sidecar)
-    catalog = open_store_reader(store).catalog
+    catalog = open_store(store).catalog
     assert [r.dataset_index for r in catalog.attempts(("exported",))] == list(range(10))
     catalog.close()
 
@@ -210,7 +210,7 @@ def test_foreign_and_mismatched_targets_are_refused_untouched(tmp_path):
     with pytest.raises(SchemaMismatchError, match=r"observation\.images\.cam: 48x48 .* 32x32"):
         export_store(store2, out)
     assert tree_digest(out) == before
-    catalog = open_store_reader(store2).catalog
+    catalog = open_store(store2).catalog
     assert [r.state for r in catalog.attempts()] == ["committed"]  # staging untouched
     catalog.close()
 
@@ -235,7 +235,7 @@ def test_unwritable_or_full_target_is_a_clear_error_and_changes_nothing(tmp_path
         export_store(store, out)
     monkeypatch.undo()
     assert tree_digest(out) == before and load(out).num_episodes == 2
-    catalog = open_store_reader(store).catalog
+    catalog = open_store(store).catalog
     assert sorted(r.state for r in catalog.attempts()) == ["committed", "exported", "exported"]
     catalog.close()
     assert export_store(store, out).total_episodes == 3  # the next export completes it

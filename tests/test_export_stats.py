@@ -24,7 +24,7 @@ from demoforge.stages.records import Frame
 from demoforge.storage.lerobot import stats as lerobot_stats
 from demoforge.storage.lerobot.export import export_store
 from demoforge.storage.lerobot.files import _arrow_table, data_schema, episode_frames
-from demoforge.storage.reader import open_store_reader
+from demoforge.storage.store import open_store
 from demoforge.storage.staging import STATS_ATTRIBUTE, StagedEpisode
 from demoforge.storage.video import decode_frames
 from helpers import REPO, run_cli
@@ -163,7 +163,7 @@ def test_verify_catches_tampered_statistics(recorded: Recorded, tmp_path: Path) 
     # Tampered consistently (the catalog's hash recomputed too): the numeric statistics no longer fit the data.
     meta["attributes"][STATS_ATTRIBUTE]["state"]["observation.state"]["mean"]["values"][0] += 1.0
     group.write_text(json.dumps(meta))
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         _fp, staging = view.require_job()
         row = next(r for r in view.catalog.attempts(("exported",)) if r.episode_id == group.parent.name)
         rehashed = staging.read_episode(row.episode_id, row.frames or 0, row.video_bytes).content_hash()
@@ -187,7 +187,7 @@ def test_episodes_staged_before_stats_export_with_lerobots_stats(staging_format:
     export = run_cli("export", "--store", str(store), "--out", str(dataset))
     assert export.returncode == 0 and "exported 3 episode(s)" in export.stdout, export.stderr
     exported = exported_episode_stats(dataset)
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         _fp, staging = view.require_job()
         rows = view.catalog.attempts(("exported",))
         staged = [staging.read_episode(r.episode_id, r.frames or 0, r.video_bytes) for r in rows]
@@ -243,7 +243,7 @@ def test_data_parquet_table_is_what_datasets_builds(recorded: Recorded) -> None:
 
     from demoforge.storage.lerobot.format import dataset_features
 
-    with open_store_reader(recorded.store) as view:
+    with open_store(recorded.store) as view:
         fingerprint, staging = view.require_job()
         rows = view.catalog.attempts(("exported",))
         episodes: list[tuple[StagedEpisode, dict]] = [

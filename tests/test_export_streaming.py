@@ -16,7 +16,7 @@ from demoforge.pipeline.runner import run_job
 from demoforge.storage import staging as staging_module
 from demoforge.storage.lerobot.export import ExportError, estimate_export_bytes, export_store
 from demoforge.storage.lerobot.validate import validate_dataset
-from demoforge.storage.reader import open_store_reader
+from demoforge.storage.store import open_store
 
 
 def toy(episodes: int) -> JobSpec:
@@ -49,7 +49,7 @@ def test_export_holds_at_most_two_staged_episodes(tmp_path: Path, monkeypatch: p
 def test_export_refuses_to_start_without_the_space_it_needs(tmp_path: Path, monkeypatch) -> None:
     store, out = tmp_path / "store", tmp_path / "dataset"
     run_job(toy(3), store)
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         needed = estimate_export_bytes(view.catalog.committed())
     from demoforge.storage import write_errors
 

@@ -18,7 +18,7 @@ from demoforge.pipeline.tasks.registry import TaskEntry, registered
 from demoforge.stages.contract import RecordedObservation
 from demoforge.stages.executor import derive_seed
 from demoforge.storage.catalog import Catalog
-from demoforge.storage.reader import open_store_reader
+from demoforge.storage.store import open_store
 from demoforge.storage.store_verify import verify_store
 from helpers import committed_files
 
@@ -53,7 +53,7 @@ def fault_tasks():
 
 
 def rows(store):
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         return view.catalog.attempts()
 
 
@@ -107,6 +107,6 @@ def test_catalog_killed_mid_transaction_rolls_back_and_recovery_cleans(tmp_path)
     assert report.recovery.interrupted == ["ep00000002-a00"] and report.committed_total == 3
     after = committed_files(store)
     assert all(after[k] == v for k, v in before.items())
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         _fingerprint, staging = view.require_job()
         assert verify_store(view.catalog, staging).ok

@@ -130,7 +130,7 @@ def test_a_kill_while_failures_are_committed_leaves_each_whole_or_absent(tmp_pat
     """Killed while its commits are slowed (the window between a failure's data being durable and its row
     flipping), then resumed: every kept failure verifies, none is kept twice, and the resumed job ends with
     exactly the failures an uninterrupted job keeps."""
-    from demoforge.storage.reader import open_store_reader
+    from demoforge.storage.store import open_store
     from demoforge.storage.store_verify import verify_store
 
     store = tmp_path / "store"
@@ -153,7 +153,7 @@ def test_a_kill_while_failures_are_committed_leaves_each_whole_or_absent(tmp_pat
     assert done.returncode == 0, done.stderr
     final = rows(store)
     assert [(e, a) for e, a, _s, k, _c in final if k] == expected_failures()
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         _fingerprint, staging = view.require_job()
         assert verify_store(view.catalog, staging).ok
         assert not view.catalog.attempts(("staging",))

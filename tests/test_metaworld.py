@@ -25,9 +25,9 @@ SMALL = ("--option", "image_size=64", "--option", "shadows=false", "--codec", "h
 
 
 def committed_identity(store: Path) -> list[tuple]:
-    from demoforge.storage.reader import open_store_reader
+    from demoforge.storage.store import open_store
 
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         return [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash, (r.record or {}).get("task"))
                 for r in view.catalog.committed()]
 

@@ -13,7 +13,7 @@ from demoforge.pipeline.runner import run_job
 from demoforge.pipeline.tasks.fetch_pick_place import instruction
 from demoforge.storage.lerobot.format import MARKER, read_sidecar
 from demoforge.storage.lerobot.validate import validate_dataset
-from demoforge.storage.reader import open_store_reader
+from demoforge.storage.store import open_store
 from helpers import run_cli
 
 pytestmark = pytest.mark.slow
@@ -61,7 +61,7 @@ def test_two_stores_become_one_dataset_with_a_task_per_job(two_jobs: tuple[Path,
     sidecar = read_sidecar(dataset)
     ids = {}
     for store in (one, two):
-        with open_store_reader(store) as view:
+        with open_store(store) as view:
             ids[store] = view.catalog.store_id()
     assert ids[one] and ids[two] and ids[one] != ids[two]
     assert [r["store_id"] for r in sidecar] == [ids[one], ids[one], ids[two]]

@@ -19,9 +19,9 @@ from demoforge.stages.contract import ANNOTATION_KEYS
 from demoforge.stages.executor import derive_seed, run_episodes
 from demoforge.stages.records import AttemptEnded, Frame
 from demoforge.storage.catalog import Catalog, JobMismatchError
-from demoforge.storage.reader import open_store_reader, open_store_updater
+from demoforge.storage.store import open_store
 from demoforge.storage.staging import StagingStore
-from demoforge.storage.store import JobStore, StoreError, StoreLockedError
+from demoforge.storage.store import StoreError, StoreLockedError
 from demoforge.storage.store_verify import verify_store
 from helpers import decode_frames, psnr, run_cli
 
@@ -35,7 +35,7 @@ def toy(episodes: int, **kw) -> JobSpec:
 
 def open_staging(store, update: bool = False) -> tuple[Catalog, StagingStore]:
     """The store's catalog and staged episodes, read-only unless ``update`` (verify's quarantine writes)."""
-    view = (open_store_updater if update else open_store_reader)(store)
+    view = open_store(store, "r+" if update else "r")
     _fingerprint, staging = view.require_job()
     return view.catalog, staging
 
@@ -153,10 +153,10 @@ def test_unwritable_store_is_a_clear_error(tmp_path):
 def test_one_writer_per_store(tmp_path):
     store = tmp_path / "store"
     spec = toy(1)
-    first = JobStore.open(store, spec.fingerprint())
+    first = open_store(store, "w", fingerprint=spec.fingerprint())
     try:
         with pytest.raises(StoreLockedError, match="another demoforge process"):
-            JobStore.open(store, spec.fingerprint())
+            open_store(store, "w", fingerprint=spec.fingerprint())
     finally:
         first.close()
 

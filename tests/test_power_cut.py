@@ -23,10 +23,10 @@ TOY = JobSpec(task="toy-point", episodes=2, task_options={"steps": 8, "size": 16
 
 
 def committed_and_verified(store: Path) -> tuple[int, bool]:
-    from demoforge.storage.reader import open_store_reader
+    from demoforge.storage.store import open_store
     from demoforge.storage.store_verify import verify_store
 
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         _fingerprint, staged = view.require_job()
         report = verify_store(view.catalog, staged, quarantine=False)
         return len(view.catalog.committed()), report.ok
@@ -71,10 +71,10 @@ def test_a_published_export_survives_a_power_cut_right_after_export_returns(tmp_
 def test_a_catalog_commit_is_durable_as_soon_as_it_returns(tmp_path):
     """The catalog's SQLite settings (WAL, synchronous=FULL): a commit that returned survives the cut that
     follows at once (with synchronous=NORMAL in WAL mode it would not)."""
-    from demoforge.storage.store import JobStore
+    from demoforge.storage.store import open_store
 
     fs = PowerCut(tmp_path / "disk", tmp_path / "mnt").mount()
-    store = JobStore.open(fs.mountpoint / "store", TOY.fingerprint())
+    store = open_store(fs.mountpoint / "store", "w", fingerprint=TOY.fingerprint())
     store.catalog.begin_attempt(0, 0, "ep00000000-a00", seed=7)
     store.catalog.discard("ep00000000-a00", reason="test", terminal_reason="interrupted", counted=True)
     fs.cut()
@@ -82,9 +82,9 @@ def test_a_catalog_commit_is_durable_as_soon_as_it_returns(tmp_path):
         store.close()
     except Exception:  # noqa: BLE001 - the power is off: closing fails with EIO
         pass
-    from demoforge.storage.reader import open_store_reader
+    from demoforge.storage.store import open_store
 
-    with open_store_reader(tmp_path / "disk" / "store") as view:
+    with open_store(tmp_path / "disk" / "store") as view:
         rows = view.catalog.attempts()
     assert [(r.episode_id, r.state.value, r.reason) for r in rows] == [("ep00000000-a00", "discarded", "test")]
 
@@ -109,15 +109,15 @@ def test_a_store_cut_while_its_catalog_is_created_can_always_be_opened_again(tmp
     """Found by the power-cut campaign: the catalog's schema was created one table per transaction, so a cut
     between two left a catalog holding only `meta`, which every later run refused as someone else's SQLite
     file ("holds other tables (meta); refusing to modify it"): the store could never be resumed."""
-    from demoforge.storage.store import JobStore
+    from demoforge.storage.store import open_store
 
     for nth in range(1, 6):  # the first WAL fsyncs of a new store: the schema, then binding the job
         disk, mnt = tmp_path / f"disk{nth}", tmp_path / f"mnt{nth}"
         fs = PowerCut(disk, mnt).mount()
         fs.arm({"ops": ["fsync"], "path": "*/catalog.sqlite-wal", "nth": nth})
         try:
-            JobStore.open(mnt / "store", TOY.fingerprint()).close()
+            open_store(mnt / "store", "w", fingerprint=TOY.fingerprint()).close()
         except Exception:  # noqa: BLE001 - the power went off under it
             pass
         fs.cut()
-        JobStore.open(disk / "store", TOY.fingerprint()).close()  # opens (and recovers) whatever the cut left
+        open_store(disk / "store", "w", fingerprint=TOY.fingerprint()).close()  # opens (and recovers) whatever the cut left

@@ -79,9 +79,10 @@ def work(tmp_path: Path) -> Path:
 
 def make_store(path: Path) -> None:
     """A real store bound to the toy job, with no episodes (instant; export and verify need a fingerprint)."""
-    from demoforge.storage.store import JobStore
+    from demoforge.storage.store import open_store
 
-    JobStore.open(path, JobSpec(task="toy-point", episodes=1, video=VideoSettings(codec="h264")).fingerprint()).close()
+    open_store(path, "w", fingerprint=JobSpec(task="toy-point", episodes=1,
+                                              video=VideoSettings(codec="h264")).fingerprint()).close()
 
 
 # ------------------------------------------------------------------------------------- crash campaign

@@ -236,9 +236,9 @@ def test_an_altered_state_frame_that_verify_accepts_diverges_at_that_frame(fetch
 
 
 def staged_episode(store, episode_id):
-    from demoforge.storage.reader import open_store_reader
+    from demoforge.storage.store import open_store
 
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         fingerprint, staging = view.require_job()
         row = next(r for r in view.catalog.committed() if r.episode_id == episode_id)
         return fingerprint, staging.read_episode(episode_id, row.frames, row.video_bytes)

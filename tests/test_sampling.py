@@ -20,7 +20,7 @@ from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.lerobot.export import export_store
-from demoforge.storage.reader import open_store_reader
+from demoforge.storage.store import open_store
 from demoforge.storage.sampling import (MODES, NoEligibleWindowError, OnlineWindowSampler, SegmentWindowSampler,
                                         WindowIndex, segments_from_frames, window_is_eligible)
 from demoforge.storage.schema import AttemptState
@@ -351,7 +351,7 @@ def test_online_sampler_before_the_store_exists(tmp_path):
 
 def _catalog_rows(store):
     """(episode_id, state, frames, updated_at) of every attempt, read on a read-only connection."""
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         return [(r.episode_id, r.state, r.frames, r.updated_at) for r in view.catalog.attempts()]
 
 

@@ -26,7 +26,7 @@ from demoforge.pipeline.runner import JobRunner, run_job
 from demoforge.pipeline.workers.config import ExecutorConfig
 from demoforge.stages.executor import derive_seed
 from demoforge.storage.catalog import Catalog
-from demoforge.storage.reader import open_store_reader
+from demoforge.storage.store import open_store
 from demoforge.storage.schema import AttemptState
 from demoforge.storage.staging import VIDEO_SHARD_BYTES, staged_episode_ids
 from demoforge.storage.store_verify import verify_store
@@ -48,13 +48,13 @@ SLOW_COMMIT = "commit:0.3"
 
 
 def identity(store: Path) -> list[tuple]:
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         return [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash) for r in view.catalog.committed()]
 
 
 def check_store(store: Path) -> Catalog:
     """No attempt left staging, no staged folder without a committed row, every committed episode verifies."""
-    view = open_store_reader(store)
+    view = open_store(store)
     _fingerprint, staging = view.require_job()
     catalog = view.catalog
     assert not catalog.attempts((AttemptState.STAGING,))
@@ -437,7 +437,7 @@ def test_a_slow_writer_slows_the_workers_and_memory_stays_bounded(tmp_path, monk
     produced = steps * episodes
     assert report.frames_this_run == produced and report.committed_total == episodes  # nothing dropped
     assert elapsed >= produced * delay  # the writer paced the run
-    with open_store_reader(tmp_path / "store") as view:
+    with open_store(tmp_path / "store") as view:
         encoded = sum(sum(r.video_bytes.values()) for r in view.catalog.committed())
     per_frame = encoded / produced
     # What the driver may hold: two queues of queue_frames records plus, per worker, the pieces in flight

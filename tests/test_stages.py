@@ -37,7 +37,7 @@ from demoforge.stages.step import StepSettings, step_stage
 from demoforge.stages.write import write_stage
 from demoforge.storage.catalog import ResumeState
 from demoforge.storage.schema import CameraSpec
-from demoforge.storage.store import JobStore
+from demoforge.storage.store import Store, open_store
 from helpers import decode_frames, psnr
 
 pytestmark = pytest.mark.anyio
@@ -68,9 +68,9 @@ async def drain(receive) -> list:
         return [item async for item in receive]
 
 
-def open_store(path) -> JobStore:
+def open_job_store(path) -> Store:
     spec = JobSpec(task="toy-point", episodes=1, video=H264, task_options={"size": SIZE, "steps": STEPS})
-    return JobStore.open(path, spec.fingerprint())
+    return open_store(path, "w", fingerprint=spec.fingerprint())
 
 
 # ----------------------------------------------------------------------------------------------- plan
@@ -405,18 +405,18 @@ async def test_encode_surfaces_an_encoder_failure_in_a_camera_lane(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------- write
-async def run_write(store: JobStore, records: list) -> list:
+async def run_write(store: Store, records: list) -> list:
     in_recv = fed(records)
     out_send, out_recv = anyio.create_memory_object_stream(100)
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: write_stage(in_recv, out_send, staging=store.staging, catalog=store.catalog))
+            tg.start_soon(lambda: write_stage(in_recv, out_send, store=store))
             return await drain(out_recv)
 
 
 async def test_write_stages_committable_attempts_and_passes_discarded_ones_through(tmp_path):
     encoded = await run_encode(toy_records(2) + failed_episode())
-    store = open_store(tmp_path / "store")
+    store = open_job_store(tmp_path / "store")
     try:
         out = await run_write(store, encoded)
         staged = [r for r in out if isinstance(r, StagedAttempt)]
@@ -439,7 +439,7 @@ async def test_write_refuses_an_attempt_whose_frame_count_disagrees(tmp_path):
     encoded = await run_encode(toy_records(1))
     ended = next(r for r in encoded if isinstance(r, AttemptEnded))
     tampered = [AttemptEnded(ended.key, ended.result, ended.frames + 1) if r is ended else r for r in encoded]
-    store = open_store(tmp_path / "store")
+    store = open_job_store(tmp_path / "store")
     try:
         with pytest.RaisesGroup(pytest.RaisesExc(RuntimeError, match=f"write stage saw {STEPS} frames, the "
                                                                      f"executor emitted {STEPS + 1}")):
@@ -460,14 +460,14 @@ async def test_write_keeps_taking_records_while_its_io_is_slow_up_to_its_io_queu
         return real_create(self)
 
     monkeypatch.setattr(staging_mod.EpisodeWriter, "create", slow_create)
-    store = open_store(tmp_path / "store")
+    store = open_job_store(tmp_path / "store")
     try:
         in_recv = fed(records)
         out_send, out_recv = anyio.create_memory_object_stream(100)
         per_attempt = len(records) // 3
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: write_stage(in_recv, out_send, staging=store.staging, catalog=store.catalog,
+                tg.start_soon(lambda: write_stage(in_recv, out_send, store=store,
                                                   io_queue=2))
                 await anyio.wait_all_tasks_blocked()
                 # The first attempt's arrays are still being created, yet its frames were all buffered; I/O
@@ -487,7 +487,7 @@ async def test_write_keeps_taking_records_while_its_io_is_slow_up_to_its_io_queu
 # --------------------------------------------------------------------------------------------- commit
 async def test_commit_commits_discards_and_reports_each_outcome_to_the_planner(tmp_path):
     records = toy_records(2) + failed_episode()
-    store = open_store(tmp_path / "store")
+    store = open_job_store(tmp_path / "store")
     try:
         staged = await run_write(store, await run_encode(records))
         planner = EpisodePlanner(2, NOTHING, max_attempts=1)
@@ -498,7 +498,7 @@ async def test_commit_commits_discards_and_reports_each_outcome_to_the_planner(t
             send.send_nowait(item)
         send.close()
         with anyio.fail_after(60):
-            await commit_stage(receive, staging=store.staging, catalog=store.catalog, planner=planner,
+            await commit_stage(receive, store=store, planner=planner,
                                on_outcome=seen.append)
         assert [s.ended.result.committable for s in seen] == [True, True, False]
         rows = {r.episode_id: r for r in store.catalog.attempts()}
@@ -515,14 +515,14 @@ async def test_commit_commits_discards_and_reports_each_outcome_to_the_planner(t
 
 
 async def test_commit_stops_at_end_of_stream_and_on_cancellation_without_committing_half(tmp_path):
-    store = open_store(tmp_path / "store")
+    store = open_job_store(tmp_path / "store")
     try:
         staged = await run_write(store, await run_encode(toy_records(1)))
         planner = EpisodePlanner(5, NOTHING, max_attempts=3)
         send, receive = anyio.create_memory_object_stream(10)
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: commit_stage(receive, staging=store.staging, catalog=store.catalog,
+                tg.start_soon(lambda: commit_stage(receive, store=store,
                                                    planner=planner))
                 await anyio.wait_all_tasks_blocked()
                 tg.cancel_scope.cancel()  # waiting for input: cancelled, nothing half done

@@ -13,11 +13,12 @@ import pytest
 import toy_tasks  # noqa: F401
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
-from demoforge.storage.catalog import CATALOG_FILE, Catalog
+from demoforge.storage.catalog import Catalog
+from demoforge.storage.paths import CATALOG_FILE
 from demoforge.storage.errors import ReadOnlyError, StoreError
 from demoforge.storage.lerobot.format import ExportMarker, MarkerError
 from demoforge.storage.lerobot.publish import NotOurDatasetError, resolve_target
-from demoforge.storage.reader import open_store_reader, open_store_updater
+from demoforge.storage.store import open_store
 from demoforge.storage.schema import AttemptState, CameraSpec, Fingerprint, FingerprintError
 from helpers import REPO, cli_env, run_cli
 
@@ -44,7 +45,7 @@ def test_the_online_sampler_does_not_import_torch(module):
 
 def test_a_reader_refuses_every_write_and_changes_nothing(store):
     before = digest(store / CATALOG_FILE)
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         assert view.read_only and view.fingerprint == SPEC.fingerprint()
         rows = view.catalog.committed()
         assert [r.state for r in rows] == [AttemptState.COMMITTED] * 2
@@ -61,14 +62,14 @@ def test_a_reader_refuses_every_write_and_changes_nothing(store):
             assert isinstance(info.value, StoreError)
         assert view.staging.read_episode(rows[0].episode_id, rows[0].frames, rows[0].video_bytes).action.shape[0] == 12
     assert digest(store / CATALOG_FILE) == before
-    assert [r.state for r in open_store_updater(store).catalog.committed()] == [AttemptState.COMMITTED] * 2
+    assert [r.state for r in open_store(store, "r+").catalog.committed()] == [AttemptState.COMMITTED] * 2
 
 
 def test_reading_an_unfinished_store_adds_no_schema(tmp_path):
     """A run killed before it wrote the schema leaves an empty catalog: readers see an empty store, and the
     file stays as it was (the old read path added tables to it)."""
     (tmp_path / CATALOG_FILE).write_bytes(b"")
-    with open_store_reader(tmp_path) as view:
+    with open_store(tmp_path) as view:
         assert view.fingerprint is None and view.staging is None and view.catalog.committed() == []
         assert view.catalog.summary()["committed_frames"] == 0
         with pytest.raises(StoreError, match="holds no job yet"):
@@ -116,7 +117,7 @@ def test_the_export_marker_round_trips_and_a_foreign_one_is_refused(tmp_path, st
     marker = ExportMarker.from_json(raw)
     assert marker.to_json() == raw and marker.total_episodes == 2
     assert marker.dataset_indices() == {r.episode_id: r.dataset_index
-                                        for r in open_store_reader(store).catalog.attempts(("exported",))}
+                                        for r in open_store(store).catalog.attempts(("exported",))}
     del raw["next_files"]
     with pytest.raises(MarkerError, match="'next_files' is missing"):
         ExportMarker.from_json(raw)

@@ -207,11 +207,11 @@ def test_depth_option_renders_metres_from_the_front_camera() -> None:
 def test_two_env_threads_render_at_once_without_crashing_and_commit_what_one_does(tmp_path) -> None:
     """Two thread workers rendered through two EGL contexts at once and MuJoCo crashed the process (SIGSEGV);
     rendering is serialised per process now, and the episodes are those of a one-worker run."""
-    from demoforge.storage.reader import open_store_reader
+    from demoforge.storage.store import open_store
     from helpers import run_cli
 
     def identity(store):
-        with open_store_reader(store) as view:
+        with open_store(store) as view:
             return [(r.episode_index, r.seed, r.frames, r.content_hash) for r in view.catalog.committed()]
 
     args = ("generate", "--task", "fetch-pick-place", "--episodes", "6", "--option", "cycles=1", "--codec", "h264",

@@ -474,7 +474,7 @@ def depth_fetch(tmp_path_factory):
     """2 fetch-pick-place episodes with a depth camera (lossless 12-bit HEVC, which Chromium does not play),
     exported; the staged depth codes of each episode, read straight from the store, are the reference."""
     from demoforge.storage import depth as depth_video
-    from demoforge.storage.reader import open_store_reader
+    from demoforge.storage.store import open_store
 
     base = tmp_path_factory.mktemp("depth")
     store, dataset = base / "store", base / "dataset"
@@ -482,7 +482,7 @@ def depth_fetch(tmp_path_factory):
                      "--option", "depth=true", "--store", str(store), "--export", str(dataset))
     assert result.returncode == 0, result.stderr
     codes, ids = {}, {}
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         fingerprint, staging = view.require_job()
         for row in view.catalog.committed():
             staged = staging.read_episode(row.episode_id, row.frames, row.video_bytes)

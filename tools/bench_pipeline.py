@@ -56,7 +56,7 @@ from demoforge.stages.contract import RecordedObservation, Segment  # noqa: E402
 from demoforge.stages.encode import CameraEncoder  # noqa: E402
 from demoforge.stages.executor import run_episodes  # noqa: E402
 from demoforge.stages.records import AttemptEnded, AttemptStarted, Frame  # noqa: E402
-from demoforge.storage.reader import open_store_reader  # noqa: E402
+from demoforge.storage.store import open_store  # noqa: E402
 from demoforge.storage.staging import StagingLayout, StagingStore  # noqa: E402
 from demoforge.storage.video import count_frames as count_video_frames  # noqa: E402
 
@@ -369,7 +369,7 @@ def bench_demoforge_recorder(episodes: int, frames: int, settings: VideoSettings
 def count_demoforge(result: dict[str, Any]) -> dict[str, Any]:
     """What the store holds: catalog frames per episode, and the staged videos' frames (demuxed, checksummed)."""
     store = result.pop("out")
-    with open_store_reader(store) as view:
+    with open_store(store) as view:
         rows = view.catalog.committed()
         _fingerprint, staging = view.require_job()
         video_frames = {c: 0 for c in staging.layout.camera_names}

@@ -89,14 +89,11 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def video_bytes_per_frame(store: Path) -> float:
-    from demoforge.storage.catalog import Catalog
+    from demoforge.storage.store import open_store
 
-    catalog = Catalog(store)
-    try:
-        rows = catalog.committed()
-        return sum(sum(r.video_bytes.values()) for r in rows) / max(1, sum(r.frames or 0 for r in rows))
-    finally:
-        catalog.close()
+    with open_store(store) as opened:
+        rows = opened.catalog.committed()
+    return sum(sum(r.video_bytes.values()) for r in rows) / max(1, sum(r.frames or 0 for r in rows))
 
 
 # ----------------------------------------------------------------------------------------- (c) ingest

@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 from demoforge.pipeline.job import JobSpec  # noqa: E402
 from demoforge.pipeline.runner import run_job  # noqa: E402
 from demoforge.storage import depth as depth_video  # noqa: E402
-from demoforge.storage.reader import open_store_reader  # noqa: E402
+from demoforge.storage.store import open_store  # noqa: E402
 from demoforge.storage.viewer.depth_preview import encode_preview  # noqa: E402
 from demoforge.storage.viewer.remux import remux_to_mp4  # noqa: E402
 
@@ -51,7 +51,7 @@ def main() -> None:
             run_job(JobSpec(task="fetch-pick-place", episodes=1,
                             task_options={"cycles": args.cycles, "depth": True}), store)
         depth_video.dequantize(np.zeros(1, np.uint16), depth_video.lerobot_depth_identity())  # the import
-        with open_store_reader(store) as view:
+        with open_store(store) as view:
             fingerprint, staging = view.require_job()
             depth_cams = [c for c in fingerprint.cameras if c.is_depth]
             rgb_cams = [c for c in fingerprint.cameras if not c.is_depth]

@@ -63,7 +63,7 @@ sys.path.insert(0, str(TESTS))
 
 import numpy as np  # noqa: E402
 
-from demoforge.storage.catalog import CATALOG_FILE  # noqa: E402
+from demoforge.storage.paths import CATALOG_FILE  # noqa: E402
 from demoforge.storage.crash_invariants import (  # noqa: E402
     STORE_INVARIANTS,
     attempt_rows,
@@ -79,7 +79,7 @@ from demoforge.storage.lerobot.format import (  # noqa: E402
     read_sidecar,
 )
 from demoforge.storage.lerobot.publish import finished_versions, unfinished_leftovers, versions_dir  # noqa: E402
-from demoforge.storage.reader import open_store_reader  # noqa: E402
+from demoforge.storage.store import open_store  # noqa: E402
 from demoforge.storage.schema import READABLE_STATES, AttemptState  # noqa: E402
 from demoforge.storage.staging import staged_episode_path  # noqa: E402
 
@@ -149,7 +149,7 @@ def read_rows(store: Path) -> list[dict[str, Any]] | None:
     if not (store / CATALOG_FILE).exists():
         return None
     try:
-        with open_store_reader(store) as view:
+        with open_store(store) as view:
             rows = sorted(view.catalog.attempts(), key=lambda r: r.row_id)
     except Exception:  # a catalog a killed or starting process is creating right now: read it again later
         return None

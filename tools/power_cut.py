@@ -393,11 +393,11 @@ class PowerCutCampaign(cc.Campaign):
             if (store / cc.CATALOG_FILE).exists() and (store / cc.CATALOG_FILE).stat().st_size and not hot:
                 trial.bad("cut_state_verifies", f"cut {len(trial.cuts)}: the catalog cannot be read after the cut")
             return
-        from demoforge.storage.reader import open_store_reader
+        from demoforge.storage.store import open_store
         from demoforge.storage.store_verify import verify_store
 
         try:
-            with open_store_reader(store) as view:
+            with open_store(store) as view:
                 if view.fingerprint is None:
                     return
                 _fingerprint, staged = view.require_job()

@@ -43,7 +43,7 @@ TIMED: list[tuple[str, str, str]] = [
     ("write: tail chunks to zarr (the write path before its I/O task)", "demoforge.storage.staging", "EpisodeWriter.flush_all"),
     ("commit: fsync episode", "demoforge.storage.staging", "StagingStore.make_durable"),
     ("commit: catalog commit", "demoforge.storage.catalog", "Catalog.commit"),
-    ("job: open store", "demoforge.storage.store", "JobStore.open"),
+    ("job: open store", "demoforge.storage.store", "open_store"),
 ]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -59,9 +58,9 @@ def add_prune_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from demoforge.storage.reader import open_store_reader
+    from demoforge.storage.store import open_store
 
-    with open_store_reader(args.store) as store:
+    with open_store(args.store) as store:
         summary = store.catalog.summary()
         fingerprint = store.fingerprint
         summary["fingerprint"] = fingerprint.to_dict() if fingerprint is not None else None
@@ -116,13 +115,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise SystemExit("demoforge verify: give a DATASET to check, or --store STORE (one of them)")
     if args.dataset is not None:
         return _verify_dataset(args)
-    from demoforge.storage.reader import open_store_reader, open_store_updater
-    from demoforge.storage.store_verify import verify_store
+    from demoforge.storage.store import open_store
 
     quarantine = not args.no_quarantine  # quarantining writes states: only then is the store opened to update
-    with (open_store_updater if quarantine else open_store_reader)(args.store) as store:
-        _fingerprint, staging = store.require_job()
-        report = verify_store(store.catalog, staging, quarantine=quarantine)
+    with open_store(args.store, "r+" if quarantine else "r") as store:
+        report = store.verify(quarantine=quarantine)
     if args.json:
         print(json.dumps({"checked": report.checked, "ok": report.ok, "quarantined": report.quarantined,
                           "pruned": report.pruned,
@@ -158,34 +155,15 @@ def _verify_dataset(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from demoforge.storage.catalog import Catalog
-    from demoforge.storage.prune import prune_exported
-    from demoforge.storage.reader import open_store_reader
-    from demoforge.storage.staging import StagingLayout, StagingStore
-    from demoforge.storage.store import acquire_lock
+    from demoforge.storage.store import open_store
 
     if not args.exported:
         raise StoreError("say what to prune: --exported (the staged data of episodes already exported)")
-    with open_store_reader(args.store) as view:  # refuses what is not a store, before taking its lock
-        view.require_job()
-    lock_fd = acquire_lock(args.store)  # no generate or daemon may run meanwhile (the daemon has its own option)
-    try:
-        catalog = Catalog(args.store)  # the writer's opener (we hold the lock): adds the pruned table if missing
-        try:
-            fingerprint = catalog.fingerprint()
-            if fingerprint is None:
-                raise StoreError(f"{args.store} has no job fingerprint; nothing was ever generated there")
-            staging = StagingStore(args.store, StagingLayout.from_fingerprint(fingerprint))
-            console = make_console(stderr=True)
-            try:
-                report = prune_exported(catalog, staging, progress=lambda done, total: console.print(
-                    f"pruned {done}/{total}") if done == total or done % 500 == 0 else None)
-            finally:
-                staging.close()
-        finally:
-            catalog.close()
-    finally:
-        os.close(lock_fd)
+    console = make_console(stderr=True)
+    # The writer's lock: no generate or daemon may run meanwhile (the daemon has its own option).
+    with open_store(args.store, "w") as store:
+        report = store.prune_exported(progress=lambda done, total: console.print(
+            f"pruned {done}/{total}") if done == total or done % 500 == 0 else None)
     finished = f" (and finished {report.finished} an interrupted prune had started)" if report.finished else ""
     make_console().print(f"pruned the staged data of {report.pruned} exported episode(s){finished} in {args.store}, "
                          f"freeing {human_bytes(report.freed_bytes)}; their catalog rows are kept; "

@@ -68,10 +68,10 @@ from demoforge.storage.lerobot.publish import (
     write_json,
 )
 from demoforge.storage.lerobot.subtasks import subtask_columns, write_temporal_proportions
-from demoforge.storage.reader import open_store_updater
 from demoforge.storage.schema import SCHEMA_VERSION
 from demoforge.storage.schema import AttemptState, Fingerprint, check_include, included
 from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore
+from demoforge.storage.store import Store, open_store
 from demoforge.storage.store_verify import check_episode
 from demoforge.storage.write_errors import writing
 
@@ -99,13 +99,20 @@ class ExportReport:
 
 @dataclass(frozen=True)
 class _Source:
-    """One store an export reads: where it is, who it is, its job, and its opened catalog and staging."""
+    """One store an export reads: where it is, who it is, its job, and the store opened in mode r+."""
 
     path: Path
     store_id: str
     fingerprint: Fingerprint
-    catalog: Catalog
-    staging: StagingStore
+    store: Store
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.store.catalog
+
+    @property
+    def staging(self) -> StagingStore:
+        return self.store.require_job()[1]
 
     def origin(self) -> dict[str, Any]:
         """What the sidecar records of each episode's origin besides the staging episode: the store and the
@@ -132,7 +139,7 @@ def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str
 
     Every store's features (cameras and sizes, fps, state and action shapes, codec settings) must equal the
     others' and the dataset's; otherwise nothing is written and SchemaMismatchError names the difference.
-    Safe while generate jobs write the stores: each is opened with ``open_store_updater`` (states only:
+    Safe while generate jobs write the stores: each is opened with ``open_store(path, "r+")`` (states only:
     ``exported``, and ``quarantined`` for an episode that fails its checks). ``stage_pause(name)`` is called
     between steps (a watching parent counts them as progress; tests kill the process there);
     ``on_published(report)`` right after the new version is published, before the catalog records it.
@@ -203,11 +210,11 @@ def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str
 
 
 def _open_source(path: Path, opened: contextlib.ExitStack) -> _Source:
-    store = opened.enter_context(open_store_updater(path))
+    store = opened.enter_context(open_store(path, "r+"))
     fingerprint = store.fingerprint  # refuses unsafe camera / feature names before any write
     if fingerprint is None or store.staging is None:
         raise ExportError(f"{path} holds no job yet; nothing to export")
-    return _Source(path, store.catalog.ensure_store_id(), fingerprint, store.catalog, store.staging)
+    return _Source(path, store.catalog.ensure_store_id(), fingerprint, store)
 
 
 def _refuse_duplicate_stores(sources: Sequence[_Source]) -> None:

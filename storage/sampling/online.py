@@ -1,7 +1,7 @@
 """Online sampling: segment-aware windows from a live store while a ``generate`` job (or daemon) writes it.
 
 :class:`OnlineWindowSampler` tails a store's catalog: it sees an episode only once its commit transaction is
-durable (never staging, discarded or quarantined ones), reads the catalog through ``open_store_reader`` (a
+durable (never staging, discarded or quarantined ones), reads the catalog through ``open_store`` (mode ``"r"``) (a
 read-only SQLite connection, in short read transactions; WAL: readers never block the writer; it never
 touches ``writer.lock``) and reads only catalog rows it has not settled yet. Window semantics:
 ``storage/sampling/window_index.py``. Importing this module does not import torch.
@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from demoforge.storage import depth as depth_video
-from demoforge.storage.catalog import AttemptRow, CATALOG_FILE
+from demoforge.storage.catalog import AttemptRow
+from demoforge.storage.paths import CATALOG_FILE
 from demoforge.storage.lerobot.format import annotation_key, camera_key
-from demoforge.storage.reader import StoreView, open_store_reader
+from demoforge.storage.store import Store, open_store
 from demoforge.storage.sampling.window_index import NoEligibleWindowError, WindowIndex, check_mode
 from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.schema import READABLE_STATES, AttemptState, check_include, included
@@ -95,7 +96,7 @@ class OnlineWindowSampler:
         self._quarantined = 0
         self._pruned = 0  # rows of the catalog's pruned table last seen
         self._data_version: int | None = None
-        self._store: StoreView | None = None
+        self._store: Store | None = None
         self._last_refresh = float("-inf")
         self._lock = threading.RLock()
         self._cache: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()        # numbers, per episode
@@ -104,10 +105,10 @@ class OnlineWindowSampler:
 
     # -- catalog tailing
     @property
-    def store(self) -> StoreView | None:
+    def store(self) -> Store | None:
         """The store opened for reading (None until its catalog exists)."""
         if self._store is None and (self.store_dir / CATALOG_FILE).exists():
-            self._store = open_store_reader(self.store_dir)
+            self._store = open_store(self.store_dir)
         return self._store
 
     def refresh(self) -> int:

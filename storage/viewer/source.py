@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from demoforge.storage.lerobot import format as dataset_files
+from demoforge.storage.paths import CATALOG_FILE
 from demoforge.storage.viewer.files import PinnedTree, ViewerError
 from demoforge.storage.viewer.marks import RejectionMarks
 
@@ -36,9 +38,8 @@ if TYPE_CHECKING:
     from demoforge.storage.viewer.depth_preview import DepthPreview
 
 CAMERA_PREFIX = "observation.images."
-SIDECAR = ("meta", "demoforge_episodes.jsonl")
-INFO = ("meta", "info.json")
-MARKER = ("meta", "demoforge.json")
+# The dataset's files as path parts (PinnedTree keys); their names live in storage/lerobot/format.py.
+SIDECAR, INFO, MARKER = (tuple(p.split("/")) for p in (dataset_files.SIDECAR, dataset_files.INFO, dataset_files.MARKER))
 CURVE_DTYPES = ("float32", "float64")
 DEPTH_CACHE = 16  # a dataset's depth previews kept in memory
 EPISODE_KEY = re.compile(r"[0-9]{1,12}|ep[0-9]{8,}-a[0-9]{2,}")
@@ -132,11 +133,12 @@ def open_source(path: Path | str) -> ViewerSource:
     path = Path(path)
     if not path.exists():
         raise ViewerError(f"{path} does not exist")
-    if (path / "catalog.sqlite").is_file():
+    if (path / CATALOG_FILE).is_file():
         return ViewedStore(path)
-    if (path / "meta" / "info.json").is_file():
+    if (path / dataset_files.INFO).is_file():
         return ViewedDataset(path)
-    raise ViewerError(f"{path} is neither a demoforge store (catalog.sqlite) nor a LeRobot dataset (meta/info.json)")
+    raise ViewerError(f"{path} is neither a demoforge store ({CATALOG_FILE}) nor a LeRobot dataset "
+                      f"({dataset_files.INFO})")
 
 
 def _finite_rows(array: np.ndarray) -> list[list[float | None]]:
@@ -394,10 +396,10 @@ class ViewedStore:
 
     def __init__(self, path: Path) -> None:
         from demoforge.storage.errors import StoreError
-        from demoforge.storage.reader import open_store_reader
+        from demoforge.storage.store import open_store
 
         try:
-            with open_store_reader(path) as store:  # read-only: a viewer never writes a store
+            with open_store(path) as store:  # read-only: a viewer never writes a store
                 rows = store.catalog.attempts()
                 fingerprint, self._staging = store.require_job()
         except StoreError as exc:
