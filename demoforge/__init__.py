@@ -29,6 +29,17 @@ _EXPORTS: dict[str, str] = {
     "register": "demoforge.pipeline.tasks.registry",
     "get_task": "demoforge.pipeline.tasks.registry",
     "run_episodes": "demoforge.stages.executor",
+    # the contract as types (stages/task_protocol.py): check a task with mypy or pyright
+    "SegmentTask": "demoforge.stages.task_protocol",
+    "ActionListTask": "demoforge.stages.task_protocol",
+    "ChecksSuccess": "demoforge.stages.task_protocol",
+    "HoldsAction": "demoforge.stages.task_protocol",
+    "RecordsObservation": "demoforge.stages.task_protocol",
+    "GivesInstruction": "demoforge.stages.task_protocol",
+    "SelectsEpisode": "demoforge.stages.task_protocol",
+    "SeedsAttempt": "demoforge.stages.task_protocol",
+    "Randomizes": "demoforge.stages.task_protocol",
+    "task_capability": "demoforge.stages.task_protocol",
     # a reactive expert (observation -> action) as segments
     "Phase": "demoforge.pipeline.reactive",
     "ReactiveExpert": "demoforge.pipeline.reactive",
@@ -41,7 +52,7 @@ _EXPORTS: dict[str, str] = {
     "generate": "demoforge.api",
     "export": "demoforge.api",
     "validate": "demoforge.api",
-    "open_store": "demoforge.api",
+    "open_store": "demoforge.storage.store",  # mode "r" (the default) reads beside a running job
     "open_dataset": "demoforge.api",
     # recording from a loop of your own (LeRobot's call shape, demoforge's durability)
     "Recorder": "demoforge.pipeline.recorder",
@@ -50,10 +61,23 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time each name is imported on first use
-    from demoforge.api import export, generate, open_dataset, open_store, validate
+    from demoforge.api import export, generate, open_dataset, validate
+    from demoforge.storage.store import open_store
     from demoforge.pipeline.recorder import Recorder
     from demoforge.stages.contract import EpisodeResult, RecordedObservation, Segment, StepView
     from demoforge.stages.executor import run_episodes
+    from demoforge.stages.task_protocol import (
+        ActionListTask,
+        ChecksSuccess,
+        GivesInstruction,
+        HoldsAction,
+        Randomizes,
+        RecordsObservation,
+        SeedsAttempt,
+        SegmentTask,
+        SelectsEpisode,
+        task_capability,
+    )
     from demoforge.pipeline.reactive import Phase, PolicyExpert, ReactiveExpert, ReturnBranch, reactive_segments
     from demoforge.stages.records import AttemptEnded
     from demoforge.pipeline.tasks.registry import (

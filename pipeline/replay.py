@@ -28,7 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from demoforge.stages.contract import StepView, as_bool_verdict, check_action, find_task_method
+from demoforge.stages.contract import StepView, as_bool_verdict, check_action
+from demoforge.stages.task_protocol import (
+    ChecksSuccess,
+    GivesInstruction,
+    Randomizes,
+    RecordsObservation,
+    task_capability,
+)
 from demoforge.stages.control import EXECUTED_ACTION, INTERVENTION
 from demoforge.stages.segment_cursor import END, SegmentCursor
 from demoforge.storage.episode_source import EpisodeRef, EpisodeSource, RecordedEpisode
@@ -396,16 +403,17 @@ class EpisodeReplay:
     # -- the run
     def run(self) -> tuple[Divergence | None, int, str | None]:
         env, task = self.env, self.ep.ref.task
-        recorder = find_task_method(env, "demo_record") or _default_record
-        success_fn = find_task_method(env, "demo_success")
+        record_task, judge = task_capability(env, RecordsObservation), task_capability(env, ChecksSuccess)
+        recorder: Callable[[Any], Any] = record_task.demo_record if record_task is not None else _default_record
+        success_fn = judge.demo_success if judge is not None else None
         plan = _Plan(env, task)
         drawn_miss = self._redraw(env)
         if drawn_miss is not None:
             return self._locate(0, drawn_miss), 0, None
         observation, _info = env.reset(seed=self.ep.ref.seed)
-        instruction = find_task_method(env, "demo_instruction")
-        if instruction is not None:
-            instruction()
+        instructor = task_capability(env, GivesInstruction)
+        if instructor is not None:
+            instructor.demo_instruction()
         self._observe(0, recorder, observation)
         plan.start()
         plan.note_segment(0, False, self._segment_name(0))
@@ -454,10 +462,11 @@ class EpisodeReplay:
         """Draw the episode's randomized scene again from its seed (before the reset, as generation did) and
         check it is the one the episode recorded."""
         recorded = self.ep.record.get("randomization")
-        randomize = find_task_method(env, "demo_randomize")
+        # A task whose appearance rerender draws in variants takes the variant too (not part of Randomizes).
+        randomizer: Any = task_capability(env, Randomizes)
         variant = int((recorded or {}).get("variant", 0))  # a rerender's appearance variant
-        drawn = None if randomize is None else randomize(self.ep.ref.seed, variant) if variant else \
-            randomize(self.ep.ref.seed)
+        drawn = None if randomizer is None else randomizer.demo_randomize(self.ep.ref.seed, variant) if variant \
+            else randomizer.demo_randomize(self.ep.ref.seed)
         if drawn == recorded:
             return None
         detail = ("the task draws no randomization, the episode recorded one" if drawn is None else

@@ -27,7 +27,8 @@ from demoforge.pipeline.replay import CONTROL_FEATURES, default_tolerance, diffe
 from demoforge.pipeline.rerender_spec import RerenderSpec
 from demoforge.pipeline.tasks.randomization import APPEARANCE_AXES, RANDOMIZE, RANGES, parse_axes
 from demoforge.pipeline.tasks.registry import TaskEntry, get_task
-from demoforge.stages.contract import ObservationError, RecordedObservation, Segment, find_task_method, iter_segments
+from demoforge.stages.contract import ObservationError, RecordedObservation, Segment
+from demoforge.stages.task_protocol import Randomizes, RecordsObservation, iter_segments, task_capability
 from demoforge.stages.executor import default_record
 
 
@@ -76,8 +77,8 @@ class RerenderedEpisodes(gym.Wrapper):
         return int(self._episode.ref.seed)
 
     def demo_randomize(self, seed: int) -> Mapping[str, Any] | None:
-        inner = find_task_method(self.env, "demo_randomize")
-        drawn = inner(seed, self._variant) if inner is not None else None
+        inner: Any = task_capability(self.env, Randomizes)  # a task drawing appearance variants takes one more
+        drawn = inner.demo_randomize(seed, self._variant) if inner is not None else None
         recorded = self._episode.record.get("randomization") or {}
         for axis in set(drawn or {}) | set(recorded):
             if axis in APPEARANCE_AXES or axis in ("axes", "variant"):
@@ -119,7 +120,8 @@ class RerenderedEpisodes(gym.Wrapper):
                           metadata=dict(seg.get("metadata") or {}), validator=planned.validator)
 
     def demo_record(self, observation: Any) -> RecordedObservation:
-        replayed = (find_task_method(self.env, "demo_record") or default_record)(observation)
+        inner = task_capability(self.env, RecordsObservation)
+        replayed = inner.demo_record(observation) if inner is not None else default_record(observation)
         ep, t = self._episode, self._frame
         state: dict[str, np.ndarray] = {}
         for name, values in ep.state.items():

@@ -4,7 +4,8 @@ A *task* is a gymnasium env (or any wrapper around one) that can plan demonstrat
 ``create_demo_segments()``, returning one :class:`Segment`, an iterable of them, or a generator that plans
 each segment only when the executor asks for it (after the previous one ran and validated), so it can read
 the state that segment left. A task that only has ``create_demo_action_list()`` is one segment named
-``"legacy"``. Methods are looked up through the gymnasium wrapper chain, outermost first.
+``"legacy"``. Methods are looked up through the gymnasium wrapper chain, outermost first; each is a
+protocol of stages/task_protocol.py, which a plugin author can type-check a task against.
 
 Optional task methods (all looked up the same way):
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -326,56 +327,12 @@ class EpisodeResult:
                    randomization=record.get("randomization"), kept=bool(record.get("kept_failure", False)))
 
 
-# ----------------------------------------------------------------------------------- task resolution
-def find_task_method(env: Any, name: str) -> Callable[..., Any] | None:
-    """Find ``name`` on ``env`` or the first wrapper (outermost first) below it that defines it."""
-    seen = 0
-    current = env
-    while current is not None and seen < 64:
-        method = getattr(type(current), name, None)
-        if method is not None and callable(method):
-            return getattr(current, name)
-        current = getattr(current, "env", None) if isinstance(current, gym.Wrapper) else None
-        seen += 1
-    return None
-
-
+# ----------------------------------------------------------------------------------- checks
 def check_json_safe(value: Any, what: str) -> None:
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TaskProtocolError(f"{what} is not JSON-compatible: {exc}") from None
-
-
-def iter_segments(env: Any, task: str) -> Iterator[Segment]:
-    """The task's plan as a lazy stream of type-checked :class:`Segment` objects.
-
-    Each item is produced only when asked for, so a generator plans from the state the previous segment
-    left. A bare list of actions from ``create_demo_action_list`` becomes one ``"legacy"`` segment.
-    """
-    create = find_task_method(env, "create_demo_segments")
-    if create is not None:
-        plan = create()
-        if isinstance(plan, Segment):
-            plan = (plan,)
-        elif not isinstance(plan, Iterable) or isinstance(plan, (str, bytes, Mapping)):
-            raise TaskProtocolError(f"create_demo_segments returned {type(plan).__name__}; expected a "
-                                    "Segment, an iterable of Segments or a generator", task=task)
-        for index, item in enumerate(plan):
-            if not isinstance(item, Segment):
-                raise TaskProtocolError(f"create_demo_segments yielded item {index} of type "
-                                        f"{type(item).__name__} ({item!r:.80}); expected Segment", task=task)
-            if not isinstance(item.name, str) or not item.name:
-                raise TaskProtocolError(f"segment {index} has no name", task=task)
-            check_json_safe(dict(item.metadata), f"segment {index} ({item.name!r}) metadata")
-            yield item
-        return
-    legacy = find_task_method(env, "create_demo_action_list")
-    if legacy is not None:
-        yield Segment(actions=legacy(), name=LEGACY_SEGMENT_NAME)
-        return
-    raise TaskProtocolError(f"{type(env).__name__} has neither create_demo_segments() nor "
-                            "create_demo_action_list() in its wrapper chain", task=task)
 
 
 def default_hold_action(action_space: gym.Space) -> np.ndarray:

@@ -37,9 +37,19 @@ from demoforge.stages.contract import (
     check_json_safe,
     check_action,
     default_hold_action,
-    find_task_method,
 )
+from demoforge.stages.attempts import RetryPolicy
 from demoforge.stages.control import EXECUTED_ACTION, INTERVENTION, AttemptControl, ControlSpec, Policy
+from demoforge.stages.task_protocol import (
+    ChecksSuccess,
+    GivesInstruction,
+    HoldsAction,
+    Randomizes,
+    RecordsObservation,
+    SeedsAttempt,
+    SelectsEpisode,
+    task_capability,
+)
 from demoforge.stages.records import (
     PENDING,
     AttemptEnded,
@@ -193,8 +203,9 @@ class _Attempt:
         self.instruction: str | None = None
         self.randomization: Mapping[str, Any] | None = None
         self.result: EpisodeResult | None = None
-        self._record = find_task_method(env, "demo_record") or default_record
-        self._success = find_task_method(env, "demo_success")
+        recorder, judge = task_capability(env, RecordsObservation), task_capability(env, ChecksSuccess)
+        self._record: Callable[[Any], Any] = recorder.demo_record if recorder is not None else default_record
+        self._success = judge.demo_success if judge is not None else None
 
     @property
     def segment(self) -> Segment | None:
@@ -226,8 +237,8 @@ class _Attempt:
         """Called after reset: record the first observation and fetch the first segment and action."""
         if self.control_spec is not None:
             self.control = AttemptControl(self.control_spec, self.seed, self.action_space, policy)
-        instruction_fn = find_task_method(self.env, "demo_instruction")
-        self.instruction = str(instruction_fn()) if instruction_fn else None
+        instructor = task_capability(self.env, GivesInstruction)
+        self.instruction = str(instructor.demo_instruction()) if instructor is not None else None
         self.observe(observation)
         if not self.cursor.start():
             self._finish(TerminalReason.EMPTY_PLAN, completed=False, success=False)
@@ -508,6 +519,7 @@ class Executor:
         self.task = task
         self.job_seed = job_seed
         self.max_attempts = max_attempts
+        self.retry = RetryPolicy(max_attempts)
         self.interrupt = interrupt or (lambda: False)
         self.worker = worker
         self._shapes = _Shapes()
@@ -529,9 +541,9 @@ class Executor:
         return policy
 
     def _hold_action(self, row: int) -> np.ndarray:
-        hold = find_task_method(self.rows.row_envs[row], "demo_hold_action")
-        if hold is not None:
-            return check_action(hold(), self.rows.action_space)
+        holder = task_capability(self.rows.row_envs[row], HoldsAction)
+        if holder is not None:
+            return check_action(holder.demo_hold_action(), self.rows.action_space)
         cached = self._holds[row]
         if cached is None:
             cached = self._holds[row] = default_hold_action(self.rows.action_space)
@@ -547,15 +559,16 @@ class Executor:
                        self._cameras, self.control, self.keep_failures)
         slot.start(att)
         try:
-            select = find_task_method(att.env, "demo_select_episode")
-            if select is not None:  # a suite: become the member this episode belongs to, named as its task
-                att.task = str(att._task_call("demo_select_episode", select, key.episode_index) or self.task)
-            fixed_seed = find_task_method(att.env, "demo_attempt_seed")
-            if fixed_seed is not None:  # a task that plays recorded episodes back (rerender) keeps their seeds
-                seed = att.seed = int(att._task_call("demo_attempt_seed", fixed_seed, key.episode_index))
-            randomize = find_task_method(att.env, "demo_randomize")
-            if randomize is not None:  # before the reset, so its first frame shows the drawn scene
-                att.randomization = _draw_randomization(att, randomize, seed)
+            suite = task_capability(att.env, SelectsEpisode)
+            if suite is not None:  # a suite: become the member this episode belongs to, named as its task
+                att.task = str(att._task_call("demo_select_episode", suite.demo_select_episode, key.episode_index)
+                               or self.task)
+            seeder = task_capability(att.env, SeedsAttempt)
+            if seeder is not None:  # a task that plays recorded episodes back (rerender) keeps their seeds
+                seed = att.seed = int(att._task_call("demo_attempt_seed", seeder.demo_attempt_seed, key.episode_index))
+            randomizer = task_capability(att.env, Randomizes)
+            if randomizer is not None:  # before the reset, so its first frame shows the drawn scene
+                att.randomization = _draw_randomization(att, randomizer.demo_randomize, seed)
             try:
                 obs, _info = self.rows.reset_row(row, seed)
             except DemoError:
@@ -583,12 +596,11 @@ class Executor:
                     return
                 if not result.committable:
                     assert slot.assignment is not None
-                    next_attempt = ended.key.attempt + (1 if result.counts_as_attempt else 0)
-                    if next_attempt < self.max_attempts:
-                        yield self._start(slot, next_attempt)
+                    then = self.retry.after(ended.key, result)
+                    if isinstance(then, EpisodeAssignment):
+                        yield self._start(slot, then.first_attempt)
                         continue
-                    yield EpisodeAbandoned(slot.assignment.episode_index, next_attempt,
-                                           result.failure_reason or result.terminal_reason.value)
+                    yield then
                 slot.assignment = None
             if feed.exhausted:
                 return

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from demoforge.stages.contract import Segment, as_bool_verdict, iter_segments
+from demoforge.stages.contract import Segment, as_bool_verdict
+from demoforge.stages.task_protocol import iter_segments
 
 END: Any = object()
 """What :meth:`SegmentCursor.next_action` returns when the current segment has no more actions."""

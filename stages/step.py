@@ -24,18 +24,14 @@ import anyio.lowlevel
 import gymnasium as gym
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from demoforge.stages.contract import EnvError, EpisodeResult, TerminalReason
+from demoforge.stages.attempts import AttemptLedger, RetryPolicy
+from demoforge.stages.contract import EnvError
 from demoforge.stages.context import StageContext
 from demoforge.stages.control import ControlSpec, Policy
 from demoforge.stages.executor import Executor
 from demoforge.stages.records import (
     PENDING,
-    AttemptEnded,
-    AttemptKey,
-    AttemptStarted,
-    EpisodeAbandoned,
     EpisodeAssignment,
-    Frame,
     Pending,
     Record,
 )
@@ -64,7 +60,7 @@ class _Worker:
     busy_since: float | None = None  # set while inside env/task code, None while waiting on a stream
     abandoned: bool = False
     error: BaseException | None = None
-    active: dict[AttemptKey, list[int]] = field(default_factory=dict)  # key -> [seed, row, frames]
+    ledger: AttemptLedger = field(default_factory=AttemptLedger)  # the attempts in flight
     pending: list[Record] = field(default_factory=list)  # produced, not yet sent (a batch being filled)
 
     def idle(self) -> None:
@@ -77,13 +73,6 @@ class _Worker:
     def busy(self) -> None:
         self.busy_since = time.monotonic()
 
-    def track(self, record: Record) -> None:
-        if isinstance(record, AttemptStarted):
-            self.active[record.key] = [record.seed, record.row, 0]
-        elif isinstance(record, Frame) and record.key in self.active:
-            self.active[record.key][2] += 1
-        elif isinstance(record, AttemptEnded):
-            self.active.pop(record.key, None)
 
 
 class _StreamWork:
@@ -246,7 +235,7 @@ class _EnvThread:
                 now = time.monotonic()
                 if started is not None:
                     context.busy.add(self.busy_key, now - started)
-                state.track(record)
+                state.ledger.track(record)
                 state.pending.append(record)
                 if len(state.pending) == 1:
                     first_at = now
@@ -281,16 +270,15 @@ class _EnvThread:
         for record in list(state.pending):
             await send.send(record)
         state.pending.clear()
-        for key, (seed, row, frames) in sorted(state.active.items()):
+        retry = RetryPolicy(settings.max_attempts)
+        for attempt in state.ledger.in_flight():
             error = StepTimeoutError(f"the env did not return within {settings.step_timeout_s:g} s; attempt aborted "
                                      "and the worker replaced", task=settings.task)
-            await send.send(AttemptEnded(key=key, frames=frames, result=EpisodeResult(
-                task=settings.task, episode_index=key.episode_index, attempt=key.attempt, seed=seed, row=row,
-                length=frames, completed=False, success=False, terminated=False, truncated=False,
-                terminal_reason=TerminalReason.ERROR, segments=(), error=str(error),
-                error_type=type(error).__name__)))
-            if key.attempt + 1 < settings.max_attempts:
-                carry.append(EpisodeAssignment(key.episode_index, key.attempt + 1))
+            result = attempt.failed(settings.task, str(error), type(error).__name__)
+            await send.send(attempt.ended(result))
+            then = retry.after(attempt.key, result)
+            if isinstance(then, EpisodeAssignment):
+                carry.append(then)
             else:
-                await send.send(EpisodeAbandoned(key.episode_index, key.attempt + 1, str(error)))
+                await send.send(then)
         return carry

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from demoforge.pipeline.tasks.registry import TaskOptionError, get_task
-from demoforge.stages.contract import find_task_method
+from demoforge.stages.task_protocol import Randomizes, RecordsObservation, task_capability
 from demoforge.storage.episode_source import open_episode_source
 from helpers import run_cli
 
@@ -21,12 +21,13 @@ def first_frame(task: str, options: dict, seed: int = 3) -> np.ndarray:
     """The first recorded image of an attempt with ``seed``, drawn and reset as the executor does it."""
     env = get_task(task).build(options)
     try:
-        randomize = find_task_method(env, "demo_randomize")
-        if randomize is not None:
-            randomize(seed)
+        randomizer = task_capability(env, Randomizes)
+        if randomizer is not None:
+            randomizer.demo_randomize(seed)
         observation, _ = env.reset(seed=seed)
-        record = find_task_method(env, "demo_record")
-        return next(iter(record(observation).images.values()))
+        recorder = task_capability(env, RecordsObservation)
+        assert recorder is not None
+        return next(iter(recorder.demo_record(observation).images.values()))
     finally:
         env.close()
 

@@ -89,13 +89,13 @@ class ParaphrasedInstructions(gym.Wrapper):
     def demo_instruction(self) -> str | None:
         if "task" in self._chosen:
             return self._chosen["task"]
-        from demoforge.stages.contract import find_task_method
+        from demoforge.stages.task_protocol import GivesInstruction, task_capability
 
-        inner = find_task_method(self.env, "demo_instruction")
-        return inner() if inner is not None else None
+        inner = task_capability(self.env, GivesInstruction)
+        return inner.demo_instruction() if inner is not None else None
 
     def create_demo_segments(self) -> Iterator[Any]:
-        from demoforge.stages.contract import iter_segments
+        from demoforge.stages.task_protocol import iter_segments
 
         for segment in iter_segments(self.env, "?"):  # the executor names the task in any error
             chosen = self._chosen.get(f"segment:{segment.name}")

@@ -38,14 +38,12 @@ from demoforge.pipeline.workers.config import (
     WorkersLostError,
     WorkerStartError,
 )
-from demoforge.pipeline.workers.episode_worker import Piece, WorkerSpec, interrupted_result, task_modules_for
+from demoforge.pipeline.workers.episode_worker import Piece, WorkerSpec, task_modules_for
 from demoforge.pipeline.workers.process_backend import ProcessBackend, WorkerLost
-from demoforge.stages.contract import EpisodeResult, TerminalReason
+from demoforge.stages.attempts import AttemptLedger, RetryPolicy
 from demoforge.stages.records import (
     AttemptEnded,
     AttemptKey,
-    AttemptStarted,
-    EncodedFrame,
     EpisodeAbandoned,
     EpisodeAssignment,
     StagedAttempt,
@@ -188,17 +186,13 @@ class _Lease:
 
     assignment: EpisodeAssignment
     next_attempt: int
-    active: dict[AttemptKey, list[int]] = field(default_factory=dict)  # key -> [seed, row, frames]
+    ledger: AttemptLedger = field(default_factory=AttemptLedger)  # the attempts in flight
     finished: bool = False
     hung: bool = False
 
     def track(self, record: Any) -> None:
-        if isinstance(record, AttemptStarted):
-            self.active[record.key] = [record.seed, record.row, 0]
-        elif isinstance(record, EncodedFrame):
-            self.active[record.key][2] += 1
-        elif isinstance(record, AttemptEnded):
-            self.active.pop(record.key, None)
+        self.ledger.track(record)
+        if isinstance(record, AttemptEnded):
             result = record.result
             if result.committable:
                 self.finished = True
@@ -444,13 +438,13 @@ class RemoteExecutor:
         """End the lost worker's attempt as interrupted and schedule its re-run (after the discard)."""
         if not self._stopping:
             self.on_event(f"{why}; its in-flight attempt is discarded and re-run")
-        for key, (seed, row, frames) in sorted(state.active.items()):
-            result = interrupted_result(self.job.task, key, seed, row, frames, f"interrupted: {why}")
+        for attempt in state.ledger.in_flight():
+            key = attempt.key
             if not self._stopping:
                 self._awaiting_discard[key] = EpisodeAssignment(key.episode_index, key.attempt)
                 broker.pending += 1
-            await send.send(AttemptEnded(key=key, result=result, frames=frames))
-        if not state.active and not state.finished and not self._stopping:
+            await send.send(attempt.ended(attempt.interrupted(self.job.task, f"interrupted: {why}")))
+        if not state.ledger and not state.finished and not self._stopping:
             broker.rerun(EpisodeAssignment(state.assignment.episode_index, state.next_attempt))
 
     async def _hung(self, worker: WorkerHandle, state: _Lease, send: MemoryObjectSendStream[Any],
@@ -461,21 +455,20 @@ class RemoteExecutor:
         timeout = self.job.step_timeout_s
         self.on_event(f"{worker.name} sent nothing for {self._piece_timeout_s:g} s (step timeout {timeout:g} s); "
                       "its attempt is aborted and the worker replaced")
-        if not state.active:  # hung before its attempt started (building or resetting the env): re-run as lost
+        if not state.ledger:  # hung before its attempt started (building or resetting the env): re-run as lost
             broker.rerun(EpisodeAssignment(state.assignment.episode_index, state.next_attempt))
             return
-        for key, (seed, row, frames) in sorted(state.active.items()):
+        retry = RetryPolicy(self.job.max_attempts)
+        for attempt in state.ledger.in_flight():
             error = StepTimeoutError(f"the env did not return within {timeout:g} s; attempt aborted and the worker "
                                      "replaced", task=self.job.task)
-            await send.send(AttemptEnded(key=key, frames=frames, result=EpisodeResult(
-                task=self.job.task, episode_index=key.episode_index, attempt=key.attempt, seed=seed, row=row,
-                length=frames, completed=False, success=False, terminated=False, truncated=False,
-                terminal_reason=TerminalReason.ERROR, segments=(), error=str(error),
-                error_type=type(error).__name__)))
-            if key.attempt + 1 < self.job.max_attempts:
-                broker.rerun(EpisodeAssignment(key.episode_index, key.attempt + 1))
+            result = attempt.failed(self.job.task, str(error), type(error).__name__)
+            await send.send(attempt.ended(result))
+            then = retry.after(attempt.key, result)
+            if isinstance(then, EpisodeAssignment):
+                broker.rerun(then)
             else:
-                await send.send(EpisodeAbandoned(key.episode_index, key.attempt + 1, str(error)))
+                await send.send(then)
 
     def attempt_outcome(self, item: StagedAttempt) -> None:
         """The commit stage finished with an attempt; a lost one may now be re-run (its folder is gone)."""

@@ -25,7 +25,7 @@ from typing import Any
 from demoforge.pipeline.environment import WORKER_ENVIRONMENT
 from demoforge.pipeline.rerender_spec import RerenderSpec
 from demoforge.pipeline.workers.config import WorkerStartError
-from demoforge.stages.contract import EpisodeResult, TerminalReason
+from demoforge.stages.attempts import AttemptLedger, RetryPolicy
 from demoforge.stages.control import ControlSpec
 from demoforge.stages.records import (
     AttemptEnded,
@@ -157,27 +157,26 @@ class EpisodeWorker:
         attempt = first_attempt
         while True:
             encoders: dict[str, Any] = {}
-            active: list[Any] = []  # [key, seed, row, frames] of the attempt in progress
+            ledger = AttemptLedger()  # the attempt in progress
             try:
                 executor = Executor(self.env, task=spec.task, job_seed=spec.job_seed, max_attempts=spec.max_attempts,
                                     worker=spec.worker, cameras=spec.cameras, control=spec.control,
                                     keep_failures=spec.keep_failures,
                                     make_policy=(lambda: self._policy) if self._policy is not None else None)
                 for record in executor.run(_OneEpisode(EpisodeAssignment(episode_index, attempt))):
+                    ledger.track(record)
                     if isinstance(record, AttemptStarted):
                         encoders = self._open_encoders()
-                        active = [record.key, record.seed, record.row, 0]
                         out.add(record)
                         yield out.cut()  # at once: the driver knows which attempt runs
                     elif isinstance(record, Frame):
                         out.pending.append((record, self._submit(record, encoders)))
-                        active[3] += 1
                         out.resolve(keep=ENCODE_LAG)
                         if out.full():
                             yield out.cut()
                     elif isinstance(record, AttemptEnded):
                         out.resolve(keep=0)
-                        mine, encoders, active = encoders, {}, []
+                        mine, encoders = encoders, {}
                         if record.result.keeps_data:
                             tails = {n: e.finish() for n, e in mine.items()}
                             out.add(VideoTail(record.key, {n: t.data for n, t in tails.items()},
@@ -194,18 +193,23 @@ class EpisodeWorker:
                 out.drop_pending()
                 for enc in encoders.values():
                     enc.abort()
-                if not active:
+                if not ledger:
                     raise  # not inside an attempt: a worker fault (the driver re-runs the lease elsewhere)
-                key, seed, row, _ = active
-                done = out.sent_frames.get(key, 0) + sum(1 for r in out.batch if isinstance(r, EncodedFrame)
-                                                         and r.key == key)
-                out.add(AttemptEnded(key=key, frames=done, result=_error_result(spec.task, key, seed, row, done, exc)))
+                (active,) = ledger.in_flight()
+                key = active.key
+                # The frames that reach the driver: those sent, and those in the batch (pending ones were dropped).
+                active.frames = out.sent_frames.get(key, 0) + sum(1 for r in out.batch if isinstance(r, EncodedFrame)
+                                                                  and r.key == key)
+                result = active.failed(spec.task, f"worker ({where()}) raised {type(exc).__name__}: {exc}",
+                                       type(exc).__name__)
+                out.add(active.ended(result))
                 yield out.cut()
                 self._rebuild()
-                attempt = key.attempt + 1
-                if attempt >= spec.max_attempts:
-                    out.add(EpisodeAbandoned(episode_index, attempt, f"{type(exc).__name__}: {exc}"))
+                then = RetryPolicy(spec.max_attempts).after(key, result)
+                if isinstance(then, EpisodeAbandoned):
+                    out.add(then)
                     break
+                attempt = then.first_attempt
         yield out.cut(lease_done=True)
 
     def _submit(self, frame: Frame, encoders: Mapping[str, Any]) -> dict[str, Future[bytes]]:
@@ -285,21 +289,6 @@ class _OneEpisode:
     def next_episode(self, wait: bool = True) -> EpisodeAssignment | None:
         assignment, self._assignment = self._assignment, None
         return assignment
-
-
-def _error_result(task: str, key: AttemptKey, seed: int, row: int, frames: int, exc: BaseException) -> EpisodeResult:
-    return EpisodeResult(task=task, episode_index=key.episode_index, attempt=key.attempt, seed=seed, row=row,
-                         length=frames, completed=False, success=False, terminated=False, truncated=False,
-                         terminal_reason=TerminalReason.ERROR, segments=(),
-                         error=f"worker ({where()}) raised {type(exc).__name__}: {exc}", error_type=type(exc).__name__)
-
-
-def interrupted_result(task: str, key: AttemptKey, seed: int, row: int, frames: int, why: str) -> EpisodeResult:
-    """The end the driver gives an attempt whose worker was lost: not counted, re-run with the same number."""
-    return EpisodeResult(task=task, episode_index=key.episode_index, attempt=key.attempt, seed=seed, row=row,
-                         length=frames, completed=False, success=False, terminated=False, truncated=False,
-                         terminal_reason=TerminalReason.INTERRUPTED, segments=(), error=why,
-                         error_type="WorkerLostError")
 
 
 def format_exception(exc: BaseException) -> str:
