@@ -239,6 +239,7 @@ class GenerationDaemon:
                         tg.start_soon(self._export_loop)
                     report = await self.runner.run()
                     tg.cancel_scope.cancel()
+                assert report is not None  # the runner returns its report; only an exception ends it without one
             except Exception as exc:  # a group, or one error
                 failure = _write_failure(exc)
                 if failure is None:

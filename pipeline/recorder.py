@@ -33,7 +33,16 @@ from demoforge.stages.commit import commit_stage
 from demoforge.stages.context import StageContext
 from demoforge.stages.contract import Annotations, EpisodeResult, SegmentResult, TerminalReason
 from demoforge.stages.encode import encode_stage
-from demoforge.stages.records import AttemptEnded, AttemptKey, AttemptStarted, Frame, Record, StagedAttempt
+from demoforge.stages.records import (
+    AttemptEnded,
+    AttemptKey,
+    AttemptStarted,
+    EncodedRecord,
+    Frame,
+    Record,
+    StagedAttempt,
+    StagedRecord,
+)
 from demoforge.stages.settings import JobConfigError, VideoSettings
 from demoforge.stages.write import write_stage
 from demoforge.storage.catalog import JobMismatchError
@@ -487,8 +496,8 @@ class Recorder:
         context = StageContext()
         q = queue_frames
         front_send, front_recv = anyio.create_memory_object_stream[Record](q)
-        enc_send, enc_recv = anyio.create_memory_object_stream[Record](q)
-        write_send, write_recv = anyio.create_memory_object_stream[Record | StagedAttempt](q)
+        enc_send, enc_recv = anyio.create_memory_object_stream[EncodedRecord](q)
+        write_send, write_recv = anyio.create_memory_object_stream[StagedRecord](q)
         self._send = front_send
         started.set()
         try:

@@ -35,7 +35,7 @@ from demoforge.stages.commit import commit_stage
 from demoforge.stages.context import BusyMeter, StageContext
 from demoforge.stages.encode import encode_stage
 from demoforge.stages.plan import EpisodePlanner, RunawayStop
-from demoforge.stages.records import EpisodeAssignment, Record, StagedAttempt
+from demoforge.stages.records import EncodedRecord, EpisodeAssignment, Record, StagedAttempt, StagedRecord
 from demoforge.stages.step import StepSettings, step_stage
 from demoforge.stages.write import write_stage
 from demoforge.storage.recovery import RecoveryReport
@@ -203,8 +203,8 @@ class JobRunner:
             q = spec.queue_frames
             assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](0)
             step_send, step_recv = anyio.create_memory_object_stream[Record](q)
-            enc_send, enc_recv = anyio.create_memory_object_stream[Record](q)
-            write_send, write_recv = anyio.create_memory_object_stream[Record | StagedAttempt](q)
+            enc_send, enc_recv = anyio.create_memory_object_stream[EncodedRecord](q)
+            write_send, write_recv = anyio.create_memory_object_stream[StagedRecord](q)
             stats.queues = {"step->encode": step_send, "encode->write": enc_send, "write->commit": write_send}
 
             def on_outcome(item: StagedAttempt) -> None:

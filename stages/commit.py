@@ -19,7 +19,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from demoforge.stages.context import StageContext
 from demoforge.stages.contract import EpisodeResult
-from demoforge.stages.records import EpisodeAbandoned, Record, StagedAttempt
+from demoforge.stages.records import EpisodeAbandoned, StagedAttempt, StagedRecord
 from demoforge.storage.provenance import library_versions
 from demoforge.storage.store import Store
 
@@ -32,7 +32,7 @@ class CommitListener(Protocol):
     def attempt_discarded(self, reason: str, episode_index: int = 0) -> None: ...
 
 
-async def commit_stage(receive: MemoryObjectReceiveStream[Record | StagedAttempt], *, store: Store,
+async def commit_stage(receive: MemoryObjectReceiveStream[StagedRecord], *, store: Store,
                        planner: CommitListener,
                        on_outcome: Callable[[StagedAttempt], None] | None = None,
                        context: StageContext | None = None) -> None:

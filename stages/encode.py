@@ -25,7 +25,17 @@ from demoforge.stages.context import StageContext
 from demoforge.stages.encode_lanes import LaneSet
 from demoforge.stages.halves import run_halves
 from demoforge.stages.malloc import make_uninitialized_reads_deterministic
-from demoforge.stages.records import AttemptEnded, CameraTail, EncodedFrame, Frame, Record, VideoTail
+from demoforge.stages.records import (
+    AttemptEnded,
+    AttemptStarted,
+    CameraTail,
+    EncodedFrame,
+    EncodedRecord,
+    EpisodeAbandoned,
+    Frame,
+    Record,
+    VideoTail,
+)
 from demoforge.stages.settings import VideoSettings
 from demoforge.storage import depth as depth_video
 from demoforge.storage.sampled_frames import SampledFrames
@@ -42,6 +52,14 @@ FMP4_FLAGS = "frag_keyframe+empty_moov+default_base_moof"
 
 class EncoderError(RuntimeError):
     """The video encoder failed; a durability error: the job stops and reports it."""
+
+
+
+def _video_stream(stream: object) -> av.VideoStream:
+    """``add_stream`` types its result as any stream kind; a video codec gives a video stream."""
+    if not isinstance(stream, av.VideoStream):
+        raise EncoderError(f"the codec opened a {type(stream).__name__}, not a video stream")
+    return stream
 
 
 class _Sink:
@@ -73,7 +91,8 @@ class CameraEncoder:
         self._sink = _Sink()
         try:
             self._container = av.open(self._sink, mode="w", format="mp4", options={"movflags": FMP4_FLAGS})
-            self._stream = self._container.add_stream(settings.codec, rate=fps, options=settings.codec_options())
+            self._stream = _video_stream(self._container.add_stream(settings.codec, rate=fps,
+                                                                    options=settings.codec_options()))
             self._stream.width = camera.width
             self._stream.height = camera.height
             self._stream.pix_fmt = settings.pix_fmt
@@ -130,8 +149,8 @@ class DepthEncoder(CameraEncoder):
         self._sink = _Sink()
         try:
             self._container = av.open(self._sink, mode="w", format="mp4", options={"movflags": FMP4_FLAGS})
-            self._stream = self._container.add_stream(self.identity.codec, rate=fps,
-                                                      options=depth_video.codec_options(self.identity))
+            self._stream = _video_stream(self._container.add_stream(self.identity.codec, rate=fps,
+                                                                    options=depth_video.codec_options(self.identity)))
             self._stream.width = camera.width
             self._stream.height = camera.height
             self._stream.pix_fmt = self.identity.pix_fmt
@@ -193,7 +212,7 @@ class _FrameSlot:
     record: Frame
 
 
-async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[Record], *,
+async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[EncodedRecord], *,
                        cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings,
                        context: StageContext | None = None, lookahead: int = DEFAULT_LOOKAHEAD,
                        stats_dir: Path | None = None) -> None:
@@ -212,7 +231,9 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
     specs = {c.name: c for c in cameras}
     lanes = LaneSet({name: functools.partial(make_recording_encoder, spec, fps, settings, stats_dir=stats_dir)
                      for name, spec in specs.items()})
-    slots_send, slots_recv = anyio.create_memory_object_stream[Record | _FrameSlot](lookahead - 2)
+    # A frame waits for its lanes' bytes in a slot; every other record passes through in order.
+    slots_send, slots_recv = anyio.create_memory_object_stream[
+        _FrameSlot | AttemptStarted | AttemptEnded | EpisodeAbandoned](lookahead - 2)
 
     async def feed() -> None:
         async with slots_send:

@@ -334,8 +334,8 @@ class _Attempt:
             self._close_segment(False, "segment yielded no actions")
             self._finish(TerminalReason.EMPTY_SEGMENT, completed=False, success=False)
             return True, False
-        success = self._episode_success(view)
-        if success is None or success:
+        verdict = self._episode_success(view)
+        if verdict is None or verdict:
             self._finish(TerminalReason.SUCCESS, completed=True, success=True, terminated=True)
             return True, True
         self._finish(TerminalReason.TASK_INCOMPLETE, completed=True, success=False)
@@ -373,7 +373,7 @@ class _Rows:
     def __init__(self, env: gym.Env | gym.vector.VectorEnv) -> None:
         self.env = env
         self.vector = isinstance(env, gym.vector.VectorEnv)
-        if self.vector:
+        if isinstance(env, gym.vector.VectorEnv):
             row_envs = getattr(env, "envs", None)
             if row_envs is None:
                 raise TaskProtocolError(
@@ -397,22 +397,24 @@ class _Rows:
         if not self.vector:
             return self.env.reset(seed=seed)
         seeds = [seed if i == row else None for i in range(self.n)]
+        rows: Any = self.env  # gymnasium's stubs type VectorEnv.reset's seed as one int; SyncVectorEnv takes a list
         if not self._initialized:
             # gymnasium fills its batched observation buffer only on a full reset; rows other than this
             # one are reset again, with their own seeds, when they start their first attempt.
-            obs, info = self.env.reset(seed=seeds)
+            obs, info = rows.reset(seed=seeds)
             self._initialized = True
         else:
             mask = np.zeros(self.n, dtype=bool)
             mask[row] = True
-            obs, info = self.env.reset(seed=seeds, options={"reset_mask": mask})
+            obs, info = rows.reset(seed=seeds, options={"reset_mask": mask})
         return _row_of(obs, row), _row_info(info, row)
 
     def step(self, actions: list[np.ndarray]) -> list[tuple[Any, float, bool, bool, dict[str, Any]]]:
         if not self.vector:
             obs, reward, terminated, truncated, info = self.env.step(actions[0])
             return [(obs, float(reward), bool(terminated), bool(truncated), info)]
-        obs, reward, terminated, truncated, info = self.env.step(np.stack(actions))
+        rows: Any = self.env  # a VectorEnv: arrays of rewards and flags, one per row
+        obs, reward, terminated, truncated, info = rows.step(np.stack(actions))
         return [(_row_of(obs, i), float(reward[i]), bool(terminated[i]), bool(truncated[i]), _row_info(info, i))
                 for i in range(self.n)]
 

@@ -123,6 +123,7 @@ class EpisodeAbandoned:
     last_reason: str
 
 
+#: What the step stage (or any executor) sends the encode stage.
 Record = AttemptStarted | Frame | AttemptEnded | EpisodeAbandoned
 
 
@@ -168,3 +169,9 @@ class StagedAttempt:
     ended: AttemptEnded
     video_bytes: Mapping[str, int]
     content_hash: str | None
+
+
+#: What the encode stage (or a remote worker's pieces) sends the write stage.
+EncodedRecord = AttemptStarted | EncodedFrame | VideoTail | AttemptEnded | EpisodeAbandoned
+#: What the write stage sends the commit stage.
+StagedRecord = StagedAttempt | EpisodeAbandoned

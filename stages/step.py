@@ -22,6 +22,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import gymnasium as gym
+from anyio.lowlevel import EventLoopToken
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from demoforge.stages.attempts import AttemptLedger, RetryPolicy
@@ -79,7 +80,7 @@ class _StreamWork:
     """The executor's work source: episodes taken over from a hung worker first, then the plan stream."""
 
     def __init__(self, receive: MemoryObjectReceiveStream[EpisodeAssignment], stop: threading.Event,
-                 worker: _Worker, token: object, carry: list[EpisodeAssignment],
+                 worker: _Worker, token: EventLoopToken, carry: list[EpisodeAssignment],
                  before_wait: Callable[[], None] = lambda: None) -> None:
         self.receive = receive
         self.stop = stop

@@ -30,8 +30,10 @@ from demoforge.stages.records import (
     AttemptKey,
     AttemptStarted,
     EncodedFrame,
-    Record,
+    EncodedRecord,
+    EpisodeAbandoned,
     StagedAttempt,
+    StagedRecord,
     VideoTail,
 )
 from demoforge.storage.staging import ChunkWrites, EpisodeWriter
@@ -46,7 +48,7 @@ class _IoJob:
     """Run ``work`` in a worker thread (if any), then send what ``result`` returns (if anything) downstream."""
 
     work: Callable[[], object] | None = None
-    result: Callable[[], Record | StagedAttempt] | None = None
+    result: Callable[[], StagedRecord] | None = None
 
 
 def _staged(writer: EpisodeWriter, ended: AttemptEnded) -> StagedAttempt:
@@ -54,7 +56,7 @@ def _staged(writer: EpisodeWriter, ended: AttemptEnded) -> StagedAttempt:
     return StagedAttempt(ended, writer.video_bytes(), writer.content_hash())
 
 
-def _same(record: Record) -> Record:
+def _same(record: EpisodeAbandoned) -> EpisodeAbandoned:
     return record
 
 
@@ -64,7 +66,7 @@ def _finish(writer: EpisodeWriter, last: ChunkWrites, cameras: Mapping[str, Mapp
     writer.write_stats(cameras)
 
 
-async def write_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[Record | StagedAttempt],
+async def write_stage(receive: MemoryObjectReceiveStream[EncodedRecord], send: MemoryObjectSendStream[StagedRecord],
                       *, store: Store, context: StageContext | None = None,
                       io_queue: int = DEFAULT_IO_QUEUE) -> None:
     context = context or StageContext()

@@ -46,11 +46,13 @@ import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
 import zarr.api.asynchronous
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
+from zarr.core.array_spec import ArrayConfigParams
 from zarr.core.sync import sync as zarr_sync
 
 from demoforge.storage.durable import FsyncPool, fsync_dir, fsync_file
@@ -124,7 +126,7 @@ class StagingLayout:
 
 # zarr skips writing a chunk whose values all equal the fill value; a committed chunk of all-zero rewards
 # must still exist on disk, or it could not be told apart from a lost one.
-_WRITE_EVERY_CHUNK = {"write_empty_chunks": True}
+_WRITE_EVERY_CHUNK: ArrayConfigParams = {"write_empty_chunks": True}
 
 
 def _numeric_codecs() -> dict:
@@ -283,7 +285,7 @@ class EpisodeWriter:
         for feature, value in state.items():
             full |= self._numeric[f"state/{feature}"].add(value)
         full |= self._numeric["action"].add(action)
-        full |= self._numeric["reward"].add(np.float32(reward))
+        full |= self._numeric["reward"].add(np.asarray(reward, dtype=np.float32))
         full |= self._numeric["annotations"].add(np.asarray(annotations, dtype=np.int32))
         self.frames += 1
         return full
@@ -544,12 +546,19 @@ class StagingStore:
             yield from self.path.rglob("*.partial")
 
 
+def _async_array(node: object, name: str) -> zarr.AsyncArray[Any]:
+    """A staged array read through zarr's async API (a group there would mean a tampered episode)."""
+    if not isinstance(node, zarr.AsyncArray):
+        raise StagingCorruptError(f"{name} is a {type(node).__name__} in the staged episode, not an array")
+    return node
+
+
 async def _read_arrays(group_path: Path, lengths: Mapping[str, int]) -> dict[str, np.ndarray]:
     """The first ``lengths[name]`` rows of each array of a staged episode, all read concurrently in one trip to
     zarr's I/O loop (one sync call per array costs a thread hand-off each, which dominated reading)."""
     group = await zarr.api.asynchronous.open_group(store=str(group_path), mode="r")
     names = list(lengths)
     arrays = await asyncio.gather(*(group.getitem(name) for name in names))
-    data = await asyncio.gather(*(array.getitem(slice(0, lengths[name]))  # type: ignore[union-attr]
+    data = await asyncio.gather(*(_async_array(array, name).getitem(slice(0, lengths[name]))
                                   for name, array in zip(names, arrays)))
     return {name: np.asarray(values) for name, values in zip(names, data)}
