@@ -13,7 +13,7 @@ def python_blocks(name: str) -> list[str]:
 def test_writing_a_task_example_runs(capsys):
     from demoforge.pipeline.tasks.registry import get_task, task_names, unregister
 
-    block, reactive = python_blocks("writing-a-task.md")
+    block, reactive, typed = python_blocks("writing-a-task.md")
     namespace: dict = {"__name__": "docs_example"}
     try:
         exec(compile(block, "docs/writing-a-task.md", "exec"), namespace)
@@ -33,6 +33,8 @@ def test_writing_a_task_example_runs(capsys):
         assert len(names) >= 3 and set(names) == {"swing_back", "drive"}
         assert all(a != b for a, b in zip(names, names[1:]))
         assert r.segments[-1].end_step == r.length and r.segments[0].target == "car"
+    # the task contract as protocols: the worked example satisfies them, and is found through its wrapper chain
+    exec(compile(typed, "docs/writing-a-task.md", "exec"), namespace)
 
 
 def test_export_training_snippet_runs(tmp_path):

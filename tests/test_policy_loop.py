@@ -29,6 +29,8 @@ from demoforge.storage.lerobot.validate import validate_dataset
 from helpers import attempts_now, demoforge_argv, kill_once_started, run_cli
 from toy_policies import DOWN, Down
 
+pytestmark = pytest.mark.slow  # subprocess jobs of real simulators (the quick tier, -m "not slow", skips them)
+
 PUSH = ("--task", "metaworld-push-v3", "--option", "camera=none", "--option", "full_state=true")
 
 

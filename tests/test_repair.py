@@ -29,18 +29,19 @@ def load(root: Path, backend: str = "pyav"):
 
 
 def test_real_kills_of_lerobots_writer_are_repaired_with_every_saved_episode(tmp_path: Path) -> None:
-    """tools/lerobot_kill_harness.py SIGKILLs LeRobotDataset recording loops (streaming h264, and PNG frames with
-    batch encoding, whose saved episodes exist only as PNGs) and checks the repair: it loads, and each episode
-    whose save_episode() returned has its rows exactly and its frames at >= 30 dB."""
+    """tools/lerobot_kill_harness.py SIGKILLs a LeRobotDataset recording loop (PNG frames with batch encoding,
+    whose saved episodes exist only as PNGs: a footer-less data file and videos to encode) and checks the repair:
+    it loads, and each episode whose save_episode() returned has its rows exactly and its frames at >= 30 dB.
+    The harness's other seven configurations (streaming, AV1) run in tools/ (docs/reliability.md)."""
     out = tmp_path / "kills"
     repair = f"{sys.executable} -m demoforge.pipeline.cli repair {{dataset}} --out {{out}} --encode-pngs"
-    done = subprocess.run([sys.executable, str(REPO / "tools" / "lerobot_kill_harness.py"), "--trials", "2",
-                           "--configs", "0,5", "--episodes", "4", "--no-pace", "--seed", "3", "--out", str(out),
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "lerobot_kill_harness.py"), "--trials", "1",
+                           "--configs", "5", "--episodes", "4", "--no-pace", "--seed", "3", "--out", str(out),
                            "--repair-cmd", repair], env=cli_env(HF_HUB_OFFLINE="1"), capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     totals = json.loads((out / "summary.json").read_text())["totals"]
-    assert totals["returned_before_kill"] >= 2 and totals["recovered"] == totals["returned_before_kill"], totals
+    assert totals["returned_before_kill"] >= 1 and totals["recovered"] == totals["returned_before_kill"], totals
     assert totals["lost"] == 0 and totals["repair_failed"] == 0
 
 

@@ -16,6 +16,8 @@ from demoforge.storage.lerobot.format import read_sidecar
 from edit_helpers import violations
 from helpers import attempts_now, demoforge_argv, kill_once_started, run_cli
 
+pytestmark = pytest.mark.slow  # subprocess jobs of real simulators (the quick tier, -m "not slow", skips them)
+
 PUSH = ("--task", "metaworld-push-v3", "--option", "image_size=48", "--option", "shadows=false")  # fast on CPU
 
 

@@ -210,7 +210,12 @@ def test_a_suite_job_gives_ray_actors_the_episodes_of_a_thread_run(tmp_path, ray
 
 
 # ------------------------------------------------------------------------------------------ kills
-@pytest.mark.parametrize("kind", ["process", "ray"])
+# The Ray variants of the two kill tests are campaign tests (tools/campaign_tests.sh): the suite kills process
+# workers and their driver, and runs Ray actors for equality, policy-driven and suite jobs and a token cluster.
+RAY_KILLS = pytest.param("ray", marks=pytest.mark.campaign)
+
+
+@pytest.mark.parametrize("kind", ["process", RAY_KILLS])
 def test_a_killed_worker_loses_nothing_and_its_attempt_is_rerun(tmp_path, ray_cluster, toy_clean, kind):
     for run_number in range(3):  # a fresh job when this one ended before the victim was seen mid-episode
         store = tmp_path / f"store-{run_number}"
@@ -236,7 +241,7 @@ def test_a_killed_worker_loses_nothing_and_its_attempt_is_rerun(tmp_path, ray_cl
     assert {(r.episode_index, r.attempt) for r in lost} <= {(e[0], a) for e in toy_clean for a in range(e[1] + 1)}
 
 
-@pytest.mark.parametrize("kind", ["process", "ray"])
+@pytest.mark.parametrize("kind", ["process", RAY_KILLS])
 def test_a_killed_driver_takes_its_workers_along_and_resumes(tmp_path, ray_cluster, toy_clean, kind):
     store = tmp_path / "store"
     args = (*TOY_ARGS, "--store", str(store), *executor_args(kind, ray_cluster))
