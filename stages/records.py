@@ -144,7 +144,7 @@ class EncodedFrame:
 @dataclass(frozen=True, eq=False)
 class CameraTail:
     """What one camera's encoder hands over when its attempt ends: the bytes it flushed and LeRobot's
-    statistics of the attempt's frames (``storage/lerobot/stats.py``: per channel min, max, mean, std, count,
+    statistics of the attempt's frames (``storage/lerobot_stats.py``: per channel min, max, mean, std, count,
     quantiles; numpy arrays by name)."""
 
     data: bytes

@@ -1,7 +1,7 @@
 """An episode's feature statistics as staging stores them: computed once at commit, exported as they are.
 
 The record (a JSON object, the ``demoforge_stats`` attribute of a staged episode, covered by its content hash)
-holds LeRobot's statistics (``storage/lerobot/stats.py``) of every staged array, as the export converts it
+holds LeRobot's statistics (``storage/lerobot_stats.py``) of every staged array, as the export converts it
 into a feature: each state vector and the action as float32 (a one-element vector as a scalar column), the
 reward as float32, each annotation column as int64, and each camera over LeRobot's frame sample. Keys are
 staging names (state features, ``action``, ``reward``, annotation names, camera names); the exporter maps them
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from demoforge.storage.lerobot.stats import STATS_METHOD, FeatureStats, stats_from_json, stats_to_json, vector_stats
+from demoforge.storage.lerobot_stats import STATS_METHOD, FeatureStats, stats_from_json, stats_to_json, vector_stats
 from demoforge.storage.schema import ANNOTATION_KEYS
 
 

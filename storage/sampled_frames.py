@@ -4,7 +4,7 @@ LeRobot's camera statistics use the frames ``sample_indices(N)`` picks, and N is
 ends; for every frame there is a length that picks it, so no frame can be dropped early. Each frame's strided
 pixels (what ``auto_downsample_height_width`` keeps: the whole frame below 300 px, about 150 px above) are
 appended to an unlinked temporary file, which the kernel's page cache holds and which never outlives the
-process; when the attempt ends, the sampled frames are read back and summed (``storage/lerobot/stats.py``),
+process; when the attempt ends, the sampled frames are read back and summed (``storage/lerobot_stats.py``),
 and the file is closed. Memory stays at one frame whatever the episode length; the file holds at most
 N x (strided frame) bytes (150 KB per 224x224 RGB frame) while the attempt runs.
 """
@@ -18,7 +18,7 @@ from typing import IO
 
 import numpy as np
 
-from demoforge.storage.lerobot.stats import FeatureStats, RgbStats, depth_stats, sample_indices, strided
+from demoforge.storage.lerobot_stats import FeatureStats, RgbStats, depth_stats, sample_indices, strided
 from demoforge.storage.schema import CameraSpec
 from demoforge.storage.write_errors import writing
 

@@ -59,7 +59,7 @@ from demoforge.storage.durable import FsyncPool, fsync_dir, fsync_file
 from demoforge.storage.episode_stats import EpisodeStats
 from demoforge.storage.errors import ReadOnlyError
 from demoforge.storage.paths import EPISODES_DIR, STAGING_DIR
-from demoforge.storage.lerobot.stats import json_digest
+from demoforge.storage.lerobot_stats import json_digest
 from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.schema import CameraSpec, Fingerprint
 from demoforge.storage.write_errors import writing

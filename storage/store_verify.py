@@ -16,7 +16,7 @@ import numpy as np
 
 from demoforge.storage.catalog import AttemptRow, Catalog
 from demoforge.storage.episode_stats import EpisodeStats
-from demoforge.storage.lerobot.stats import sample_indices
+from demoforge.storage.lerobot_stats import sample_indices
 from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.staging import StagedEpisode, StagingCorruptError, StagingStore
 from demoforge.storage.video import count_frames

@@ -100,6 +100,35 @@ def test_the_checker_sees_an_upward_import_and_a_circle() -> None:
     graph = {"demoforge.storage.a": {"demoforge.pipeline.b"}, "demoforge.pipeline.b": {"demoforge.storage.a"}}
     assert [m for m, ts in graph.items() for t in ts if floor(t) > floor(m)] == ["demoforge.storage.a"]
     assert strongly_connected(graph) == [["demoforge.pipeline.b", "demoforge.storage.a"]]
+    assert storage_floor("demoforge.storage.staging") < storage_floor("demoforge.storage.lerobot.format") < \
+        storage_floor("demoforge.storage.viewer.source")  # so staging -> lerobot.format would be refused
+
+
+# The ground floor has floors of its own: its core (staging, catalog, the store, schema, video, the LeRobot
+# statistics leaf), then the LeRobot dataset format and its export, edit and repair (storage/lerobot/), then what
+# reads both a store and a dataset (replay's episode source, inspect, the samplers, the viewer).
+STORAGE_READERS = ("demoforge.storage.episode_source", "demoforge.storage.inspect", "demoforge.storage.sampling",
+                   "demoforge.storage.viewer")
+
+
+def storage_floor(module: str) -> int:
+    if module.startswith(STORAGE_READERS):
+        return 2
+    return 1 if module.startswith("demoforge.storage.lerobot.") or module == "demoforge.storage.lerobot" else 0
+
+
+def test_inside_the_ground_floor_imports_point_down_too() -> None:
+    """No circle between storage/lerobot/ and the rest of storage/: the core never imports the dataset code
+    (LeRobot's statistics are a leaf of the core, storage/lerobot_stats.py), and neither imports the readers."""
+    graph = import_graph()
+    storage = {m: {t for t in targets if t.startswith("demoforge.storage")} for m, targets in graph.items()
+               if m.startswith("demoforge.storage")}
+    assert sum(1 for m in storage if storage_floor(m) == 1) > 10, "storage/lerobot/ was not found"
+    upward = sorted(f"{m} -> {t}" for m, targets in storage.items() for t in targets
+                    if storage_floor(t) > storage_floor(m))
+    assert not upward, "imports from a lower floor of storage/ to a higher one:\n" + "\n".join(upward)
+    leaf = graph["demoforge.storage.lerobot_stats"]
+    assert not leaf, f"storage/lerobot_stats.py must stay a leaf; it imports {sorted(leaf)}"
 
 
 def test_public_class_names_are_unique_across_the_floors() -> None:

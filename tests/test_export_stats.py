@@ -21,7 +21,7 @@ from demoforge.pipeline.runner import run_job
 from demoforge.pipeline.tasks.registry import get_task
 from demoforge.stages.executor import run_episodes
 from demoforge.stages.records import Frame
-from demoforge.storage.lerobot import stats as lerobot_stats
+from demoforge.storage import lerobot_stats
 from demoforge.storage.lerobot.export import export_store
 from demoforge.storage.lerobot.files import _arrow_table, data_schema, episode_frames
 from demoforge.storage.store import open_store

@@ -18,7 +18,7 @@ from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
 from demoforge.storage.lerobot import format as fmt
 from demoforge.storage.lerobot.arrow_schema import data_schema
-from demoforge.storage.lerobot.stats import vector_stats
+from demoforge.storage.lerobot_stats import vector_stats
 from demoforge.storage.lerobot.stats_file import StatsShapeError, aggregate_stats, read_stats, stats_json_text
 from demoforge.storage.lerobot.validate import validate_dataset
 from helpers import REPO, cli_env
@@ -78,7 +78,7 @@ def test_data_schema_of_other_dtypes_and_shapes_is_lerobots():
 
 
 def _episode_stats(rng: np.random.Generator, n: int) -> dict[str, dict[str, np.ndarray]]:
-    from demoforge.storage.lerobot.stats import rgb_stats
+    from demoforge.storage.lerobot_stats import rgb_stats
 
     return {"observation.state": vector_stats(rng.normal(size=(n, 4)).astype(np.float32)),
             "index": vector_stats(np.arange(n, dtype=np.int64) + int(rng.integers(0, 1000))),

@@ -22,7 +22,7 @@ import numpy as np
 from demoforge.pipeline.job import VideoSettings
 from demoforge.pipeline.tasks.registry import CameraSpec
 from demoforge.stages.encode import CameraEncoder, RecordingEncoder
-from demoforge.storage.lerobot.stats import sample_indices, strided
+from demoforge.storage.lerobot_stats import sample_indices, strided
 
 
 def frames_of(count: int, height: int, width: int) -> list[np.ndarray]:

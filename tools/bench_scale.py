@@ -127,7 +127,7 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
     packets = [{c.name: rng.bytes(packet_bytes) for c in specs} for _ in range(frames_per_episode)]
     tails = {c.name: rng.bytes(packet_bytes) for c in specs}
     # A camera's statistics come with its tail, as a real encoder's do (these are of blank frames).
-    from demoforge.storage.lerobot.stats import rgb_stats, strided
+    from demoforge.storage.lerobot_stats import rgb_stats, strided
 
     blank = strided(np.zeros((height, width, 3), np.uint8))
     tail_stats = {c.name: rgb_stats([blank, blank]) for c in specs}

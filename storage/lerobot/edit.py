@@ -86,7 +86,7 @@ from demoforge.storage.lerobot.rejected import (
     read_rejections,
     rejected_list_path,
 )
-from demoforge.storage.lerobot.stats import vector_stats
+from demoforge.storage.lerobot_stats import vector_stats
 from demoforge.storage.lerobot.subtasks import write_temporal_proportions
 from demoforge.storage.lerobot.video_cut import CopyResult, Span, SpanCut, VideoFile, copy_spans
 from demoforge.storage.paths import short_path

@@ -41,7 +41,7 @@ from demoforge.storage.lerobot.format import (
     next_file,
 )
 from demoforge.storage.lerobot.publish import ExportError, replace_file, unlink_shared, write_json
-from demoforge.storage.lerobot.stats import FeatureStats, depth_stats, rgb_stats, sample_indices, strided, vector_stats
+from demoforge.storage.lerobot_stats import FeatureStats, depth_stats, rgb_stats, sample_indices, strided, vector_stats
 from demoforge.storage.lerobot.stats_file import aggregate_stats, read_stats, stats_json_text
 from demoforge.storage.lerobot.subtasks import arrow_types
 from demoforge.storage.schema import ANNOTATION_KEYS

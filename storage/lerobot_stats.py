@@ -15,7 +15,8 @@ summed one at a time (the running sum carried into the next frame's, so the oper
 sum), which keeps memory at one frame. With both, a 100-frame 224x224 camera costs about 0.1 s instead of 4 s.
 
 Importing this module does not import lerobot or torch (the recorder uses it; importing lerobot costs
-hundreds of MB and seconds).
+hundreds of MB and seconds), nor anything of demoforge: it is a leaf of the ground floor, which staging and
+store verification (below storage/lerobot/) and the export (in it) share.
 """
 
 from __future__ import annotations
