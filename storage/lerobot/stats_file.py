@@ -55,7 +55,9 @@ def aggregate_stats(parts: Sequence[Mapping[str, Mapping[str, np.ndarray]]]) -> 
     """The statistics of the union of ``parts`` (episodes' or datasets'), every feature any part has."""
     for part in parts:
         _check(part)
-    features = {key for part in parts for key in part}
+    # LeRobot gathers the keys in a set, so its stats.json lists features in a different order in each process;
+    # first appearance keeps the same values in one order, and the same export gives the same bytes.
+    features = dict.fromkeys(key for part in parts for key in part)
     return {key: _aggregate_feature([part[key] for part in parts if key in part]) for key in features}
 
 
