@@ -26,12 +26,12 @@ import anyio.abc
 from demoforge.pipeline.daemon_config import DaemonConfig
 from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, failed_write
 from demoforge.pipeline.metrics import JobMetrics
+from demoforge.storage.faults import free_space_override
 from demoforge.pipeline.runner import JobRunner, JobStats
 from demoforge.stages.records import StagedAttempt
 from demoforge.storage.write_errors import free_bytes, is_write_error
 
 EXIT_FAILING = 3  # the job stopped itself (too many episodes abandoned in a row): a restart would not help
-FREE_SPACE_OVERRIDE = "DEMOFORGE_FREE_SPACE_FILE"  # tests: a file holding the free space to report, in MB
 
 
 def _write_failure(exc: BaseException) -> BaseException | None:
@@ -62,12 +62,9 @@ class EventLog:
 
 
 def free_megabytes(path: Path) -> float:
-    override = os.environ.get(FREE_SPACE_OVERRIDE)
-    if override:
-        try:
-            return float(Path(override).read_text().strip())
-        except (OSError, ValueError):
-            pass
+    override = free_space_override()  # tests
+    if override is not None:
+        return override
     existing = Path(path)
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent  # the store may not be created yet: measure the filesystem it will be on

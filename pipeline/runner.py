@@ -25,7 +25,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from demoforge.pipeline.environment import prepare_process
-from demoforge.pipeline.faults import stage_delays
+from demoforge.storage.faults import stage_delays
 from demoforge.pipeline.job import JobSpec
 from demoforge.pipeline.rerender import build_job_env
 from demoforge.pipeline.tasks.registry import get_task

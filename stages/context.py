@@ -39,7 +39,7 @@ class BusyMeter:
 @dataclass(frozen=True)
 class StageContext:
     """``stop``: set to end the job (workers finish their step, attempts in flight end interrupted).
-    ``delays``: seconds a stage sleeps per record (``DEMOFORGE_STAGE_DELAY``, pipeline/faults.py: the crash
+    ``delays``: seconds a stage sleeps per record (``DEMOFORGE_STAGE_DELAY``, storage/faults.py: the crash
     tests widen the windows they kill in); empty in production."""
 
     stop: threading.Event = field(default_factory=threading.Event)

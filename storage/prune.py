@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.durable import fsync_dir
+from demoforge.storage.faults import prune_pause
 from demoforge.storage.paths import EPISODES_DIR
 from demoforge.storage.staging import StagingStore
 
-PRUNE_PAUSE = "DEMOFORGE_PRUNE_PAUSE"  # tests: seconds to sleep between deletions, so a kill lands inside
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def prune_exported(catalog: Catalog, staging: StagingStore,
                    progress: Callable[[int, int], None] | None = None) -> PruneReport:
     """Prune every exported episode's staged data. The caller holds the store's writer lock (or is the
     writer: the daemon after an export)."""
-    pause = float(os.environ.get(PRUNE_PAUSE, "0") or 0)
+    pause = prune_pause()  # tests: a kill lands between two deletions
     already = catalog.pruned_ids()
     finished = [e for e in sorted(already) if staging.episode_path(e).exists()]
     todo = [r.episode_id for r in catalog.attempts(("exported",)) if r.episode_id not in already]

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import json
-import random
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from demoforge.pipeline.runner import run_job
 from demoforge.storage.lerobot.export import NotOurDatasetError, SchemaMismatchError, ExportError, export_store
 from demoforge.storage.lerobot.validate import validate_dataset
 from demoforge.storage.store import open_store
-from helpers import cli_env, decode_frames, demoforge_argv, kill_once_started, psnr, run_cli
+from helpers import cli_env, decode_frames, demoforge_argv, psnr, run_cli
 
 pytestmark = pytest.mark.slow
 OPTIONS = {"steps": 24, "size": 48}
@@ -159,43 +158,43 @@ def test_the_same_store_exports_to_the_same_bytes(tmp_path):
     assert trees[0] == trees[1] and any(path == "meta/stats.json" for path in trees[0])
 
 
-def _building_since(versions: Path, since: float) -> bool:
-    """A version's build folder was made at or after ``since`` (a killed export's old one does not count)."""
-    for build in versions.glob("*.partial"):
-        with contextlib.suppress(FileNotFoundError):
-            if build.stat().st_mtime >= since - 0.01:
-                return True
-    return False
+def kill_at_export_step(argv: list[str], step: str, marker: Path) -> None:
+    """Run an export that stops at ``step`` (the fault hook blocks there and creates ``marker`` when it does),
+    wait for that moment, then SIGKILL it."""
+    proc = subprocess.Popen(argv, env=cli_env(DEMOFORGE_EXPORT_HANG=step, DEMOFORGE_EXPORT_HANG_ONCE=str(marker)),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None, f"the export ended before reaching {step}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"the export did not reach {step} in 120 s"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
 
 
-def test_sigkill_during_export_leaves_the_previous_or_the_new_dataset(tmp_path):
-    rng = random.Random(7)
+def test_sigkill_at_each_step_of_an_export_leaves_the_previous_or_the_new_dataset(tmp_path):
+    """Killed at every step of building a version (each kill lands when the export's hook says it is there),
+    the published dataset is the previous one, loads and validates; killed once it is published and before the
+    catalog records it, the new one; the next export finishes the job without duplicates or leftovers."""
     store, out = tmp_path / "store", tmp_path / "dataset"
     generate(store, 3)
     assert run_cli("export", "--store", str(store), "--out", str(out)).returncode == 0
     generate(store, 6)
-    states = set()
-    versions = tmp_path / "dataset.versions"
-    for trial in range(5):
-        # Killed once the new version is being built, somewhere in its 7 paused steps of 0.4 s (the first
-        # trial before its publish, the others anywhere up to just past it).
-        kill_once_started(demoforge_argv("export", "--store", str(store), "--out", str(out)),
-                          functools.partial(_building_since, versions, time.time()),
-                          rng.uniform(0.0, 1.5) if trial == 0 else rng.uniform(0.0, 3.5),
-                          env=cli_env(DEMOFORGE_EXPORT_PAUSE="0.4"))
+    argv = demoforge_argv("export", "--store", str(store), "--out", str(out))
+    for step in ("after_links", "after_videos", "after_data", "before_fsync", "before_publish", "before_catalog"):
+        kill_at_export_step(argv, step, tmp_path / f"reached-{step}")
         dataset = load(out)  # the published dataset always loads
-        assert dataset.num_episodes in (3, 6), dataset.num_episodes
-        assert validate_dataset(out).status == 0
-        states.add(dataset.num_episodes)
-        if dataset.num_episodes == 6:
-            break
+        expected = 6 if step == "before_catalog" else 3
+        assert dataset.num_episodes == expected, (step, dataset.num_episodes)
+        assert validate_dataset(out).status == 0, step
     final = run_cli("export", "--store", str(store), "--out", str(out))
     assert final.returncode == 0, final.stderr
     dataset = load(out)
     assert dataset.num_episodes == 6 and len(dataset) == 6 * 24
     assert not list((tmp_path / "dataset.versions").glob("*.partial"))
-    assert 3 in states  # at least one kill left the previous version published
     assert validate_dataset(out, expect_segments=2).status == 0
+    with open_store(store) as opened:  # the catalog caught up: every episode exported once, in order
+        assert [r.dataset_index for r in opened.catalog.attempts(("exported",))] == list(range(6))
 
 
 def test_foreign_and_mismatched_targets_are_refused_untouched(tmp_path):

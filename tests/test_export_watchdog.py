@@ -1,7 +1,7 @@
 """The export child is watched: one that makes no progress is ended after its stacks are dumped (the dataset
 keeps its last version; ``generate --export`` exits 1 with the reason; the daemon retries on its schedule), and
 one that published but does not exit is ended and its publish counts. Real processes, hung on purpose
-(``DEMOFORGE_EXPORT_HANG``, pipeline/faults.py)."""
+(``DEMOFORGE_EXPORT_HANG``, storage/faults.py)."""
 
 from __future__ import annotations
 

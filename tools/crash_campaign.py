@@ -406,7 +406,7 @@ class Campaign:
         self.live = None
 
     def gen_est(self, profile: str) -> float:
-        from demoforge.pipeline.faults import stage_delays
+        from demoforge.storage.faults import stage_delays
 
         d = stage_delays(profile)
         per_frame = d.get("encode", 0.0) + d.get("write", 0.0)

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from demoforge.pipeline.cli.common import EXIT_OK, add_command, make_console
-from demoforge.pipeline.faults import export_pause
+from demoforge.storage.faults import export_pause
 from demoforge.storage.lerobot.episode_filter import FilterError, describe_fields, parse_filter
 
 # Imported where used: the editor and its dataset reader (they load zarr, PyAV and pyarrow), which

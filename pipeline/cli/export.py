@@ -10,7 +10,7 @@ from typing import Any
 
 from demoforge.pipeline.cli.common import EXIT_OK, add_command, make_console
 from demoforge.pipeline.export_child import ChildChannel
-from demoforge.pipeline.faults import export_pause
+from demoforge.storage.faults import export_pause
 from demoforge.storage.schema import INCLUDE_CHOICES
 
 # Imported where used: the exporter and the validator (they load zarr, PyAV and LeRobot's readers), which

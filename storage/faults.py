@@ -1,7 +1,11 @@
-"""Fault-injection delays for tests and tools/ harnesses: widen a stage's window so a kill can land in it.
+"""Every fault-injection hook, read here and nowhere else: for tests and the tools/ harnesses, unset in normal runs.
 
-Read once from ``DEMOFORGE_STAGE_DELAY`` (e.g. ``"write:0.02,commit:0.3"``: seconds to sleep per frame in
-the write stage, and between the fsync and the catalog flip of every commit). Unset in normal runs.
+- ``DEMOFORGE_STAGE_DELAY`` (e.g. ``"write:0.02,commit:0.3"``): seconds to sleep per frame in a stage, and
+  between the fsync and the catalog flip of every commit, so a kill can land in that window.
+- ``DEMOFORGE_EXPORT_PAUSE`` / ``DEMOFORGE_EXPORT_HANG`` / ``DEMOFORGE_EXPORT_HANG_ONCE``: sleep at each step of an
+  export, or block at one; the hang creates its file when it blocks, which is the moment a test kills it.
+- ``DEMOFORGE_PRUNE_PAUSE``: seconds between two deletions of a prune.
+- ``DEMOFORGE_FREE_SPACE_FILE``: a file holding the free space (MB) the daemon's disk check reports.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 STAGES = ("step", "encode", "write", "commit")
 
@@ -56,3 +61,20 @@ def export_pause() -> Callable[[str], None] | None:
                 time.sleep(3600)
 
     return pause
+
+
+def prune_pause() -> float:
+    """``DEMOFORGE_PRUNE_PAUSE``: seconds to sleep between two deletions of a prune (0: none)."""
+    return float(os.environ.get("DEMOFORGE_PRUNE_PAUSE", "0") or 0)
+
+
+def free_space_override() -> float | None:
+    """``DEMOFORGE_FREE_SPACE_FILE``: the free space (MB) written in that file, for the daemon's disk check;
+    None when unset or unreadable (the real free space is used)."""
+    path = os.environ.get("DEMOFORGE_FREE_SPACE_FILE")
+    if not path:
+        return None
+    try:
+        return float(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
