@@ -41,7 +41,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from demoforge.storage.schema import ANNOTATION_KEYS, SCHEMA_VERSION
+from demoforge.storage.schema import SCHEMA_VERSION
 
 LEGACY_SEGMENT_NAME = "legacy"
 
@@ -187,7 +187,7 @@ class Annotations:
     valid: bool = True
 
     def as_tuple(self) -> tuple[int, ...]:
-        """Values in :data:`ANNOTATION_KEYS` order."""
+        """Values in ``storage/schema.py`` ``ANNOTATION_KEYS`` order (the keys' one home)."""
         return (int(self.valid), self.episode_step, self.segment_id, self.segment_step,
                 int(self.segment_start), int(self.segment_end), int(self.terminated), int(self.truncated))
 

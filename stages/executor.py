@@ -19,7 +19,6 @@ import gymnasium as gym
 import numpy as np
 
 from demoforge.stages.contract import (
-    ActionError,
     Annotations,
     DemoError,
     EnvError,

@@ -74,7 +74,7 @@ class RecordedEpisode:
     state: Mapping[str, np.ndarray]
     action: np.ndarray
     reward: np.ndarray
-    annotations: np.ndarray  # (N, len(ANNOTATION_KEYS)) in contract.ANNOTATION_KEYS order
+    annotations: np.ndarray  # (N, len(ANNOTATION_KEYS)) in schema.ANNOTATION_KEYS order
     videos: Mapping[str, bytes] = field(default_factory=dict)  # store: each camera's staged stream
 
     @property

@@ -6,7 +6,7 @@ Layout under ``STORE/staging.zarr`` (staging format 3)::
     episodes/<episode_id>/state.<feature>    (N, *shape) float32   shards of 1024 frames (16 chunks of 64)
     episodes/<episode_id>/action             (N, A) float32
     episodes/<episode_id>/reward             (N,) float32
-    episodes/<episode_id>/annotations        (N, 8) int32          columns = contract.ANNOTATION_KEYS
+    episodes/<episode_id>/annotations        (N, 8) int32          columns = schema.ANNOTATION_KEYS
     episodes/<episode_id>/video.<camera>     (B,) uint8            fragmented MP4 bytes, shards of 4 MiB
                                                                    (64 chunks of 64 KiB)
 

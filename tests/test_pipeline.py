@@ -15,7 +15,7 @@ import toy_tasks  # noqa: F401  (registers toy-point)
 from demoforge.pipeline.job import JobConfigError, JobSpec, VideoSettings
 from demoforge.pipeline.runner import JobRunner, run_job
 from demoforge.pipeline.tasks.registry import TaskEntry, get_task
-from demoforge.stages.contract import ANNOTATION_KEYS
+from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.stages.executor import derive_seed, run_episodes
 from demoforge.stages.records import AttemptEnded, Frame
 from demoforge.storage.catalog import Catalog, JobMismatchError

@@ -170,7 +170,7 @@ def episode_dir(store: Path, episode_id: str) -> Path:
 def flushed(store: Path, episode_id: str) -> bool:
     """True when an attempt's last rows (its terminated/truncated flag) are on disk: the write stage has
     flushed it and it is in the commit stage (fsync, then the catalog flip)."""
-    from demoforge.stages.contract import ANNOTATION_KEYS
+    from demoforge.storage.schema import ANNOTATION_KEYS
 
     base = episode_dir(store, episode_id) / "annotations"
     try:
