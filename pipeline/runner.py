@@ -202,10 +202,9 @@ class JobRunner:
                 stats.per_task.update(members[self.layout.group(i)] for i in resume.committed)
             q = spec.queue_frames
             assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](0)
-            step_send, step_recv = anyio.create_memory_object_stream[Record](q)
             enc_send, enc_recv = anyio.create_memory_object_stream[EncodedRecord](q)
             write_send, write_recv = anyio.create_memory_object_stream[StagedRecord](q)
-            stats.queues = {"step->encode": step_send, "encode->write": enc_send, "write->commit": write_send}
+            stats.queues = {"encode->write": enc_send, "write->commit": write_send}
 
             def on_outcome(item: StagedAttempt) -> None:
                 result = item.ended.result
@@ -235,11 +234,10 @@ class JobRunner:
                 else:
                     tg.start_soon(planner.run, assign_send)
                 if remote is not None:  # remote workers step, render and encode; their pieces feed the write stage
-                    stats.queues.pop("step->encode")
-                    step_send.close()
-                    step_recv.close()
                     tg.start_soon(remote.run, assign_recv, enc_send, self._stop)
-                else:
+                else:  # env threads step and render; the encode stage encodes
+                    step_send, step_recv = anyio.create_memory_object_stream[Record](q)
+                    stats.queues = {"step->encode": step_send, **stats.queues}
                     async with assign_recv, step_send:
                         step = StepSettings(task=spec.task, job_seed=spec.seed, max_attempts=spec.max_attempts,
                                             num_envs=spec.num_envs, cameras=info.cameras,

@@ -40,21 +40,28 @@ def export_pause() -> Callable[[str], None] | None:
     """``DEMOFORGE_EXPORT_PAUSE=seconds`` sleeps at each step of an export, so a kill can land inside it.
 
     ``DEMOFORGE_EXPORT_HANG=STEP`` blocks the export forever at that step (a hung export, for the export
-    watchdog's tests); with ``DEMOFORGE_EXPORT_HANG_ONCE=FILE`` only while FILE does not exist (the hang creates
-    it), so the next export runs through."""
+    watchdog's tests), ``STEP#N`` the N-th time it gets there (an edit that publishes several datasets); with
+    ``DEMOFORGE_EXPORT_HANG_ONCE=FILE`` only while FILE does not exist (the hang creates it, so a test knows the
+    moment it blocks), so the next export runs through."""
     raw = os.environ.get("DEMOFORGE_EXPORT_PAUSE")
     seconds = float(raw) if raw else 0.0
-    hang_at = os.environ.get("DEMOFORGE_EXPORT_HANG") or None
-    if hang_at is not None and hang_at not in EXPORT_STEPS:
-        raise ValueError(f"DEMOFORGE_EXPORT_HANG names unknown step {hang_at!r}; steps: {', '.join(EXPORT_STEPS)}")
+    hang_spec = os.environ.get("DEMOFORGE_EXPORT_HANG") or None
+    hang_at, _, nth = (hang_spec or "").partition("#")
+    if hang_spec is not None and (hang_at not in EXPORT_STEPS or (nth and not nth.isdigit())):
+        raise ValueError(f"DEMOFORGE_EXPORT_HANG is {hang_spec!r}: expected STEP or STEP#N; steps: "
+                         f"{', '.join(EXPORT_STEPS)}")
+    reached_nth = int(nth or 1)
+    reached = {"count": 0}
     once = os.environ.get("DEMOFORGE_EXPORT_HANG_ONCE")
-    if not seconds and hang_at is None:
+    if not seconds and hang_spec is None:
         return None
 
     def pause(step: str) -> None:
         if seconds:
             time.sleep(seconds)
-        if step == hang_at and not (once and os.path.exists(once)):
+        if step == hang_at:
+            reached["count"] += 1
+        if step == hang_at and reached["count"] == reached_nth and not (once and os.path.exists(once)):
             if once:
                 open(once, "w").close()
             while True:

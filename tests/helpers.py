@@ -87,6 +87,20 @@ def kill_once_started(argv: list[str], started: Callable[[], bool], delay_s: flo
     return killed
 
 
+def kill_at_step(argv: list[str], step: str, marker: Path, timeout_s: float = 120) -> None:
+    """Run a command that publishes a dataset (export, edit, merge) so that it blocks at ``step`` (``STEP`` or
+    ``STEP#N``: storage/faults.py; the hook creates ``marker`` when it blocks), wait for that moment, SIGKILL it."""
+    proc = subprocess.Popen(argv, env=cli_env(DEMOFORGE_EXPORT_HANG=step, DEMOFORGE_EXPORT_HANG_ONCE=str(marker)),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout_s
+    while not marker.exists():
+        assert proc.poll() is None, f"the command ended before reaching {step}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"the command did not reach {step} in {timeout_s:g} s"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+
+
 def daemon_events(stderr: str) -> list[dict]:
     """The JSON log records (`demoforge daemon --json-logs`) among a daemon's stderr lines."""
     return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import signal
-import subprocess
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +15,7 @@ from demoforge.pipeline.runner import run_job
 from demoforge.storage.lerobot.export import NotOurDatasetError, SchemaMismatchError, ExportError, export_store
 from demoforge.storage.lerobot.validate import validate_dataset
 from demoforge.storage.store import open_store
-from helpers import cli_env, decode_frames, demoforge_argv, psnr, run_cli
+from helpers import decode_frames, demoforge_argv, kill_at_step, psnr, run_cli
 
 pytestmark = pytest.mark.slow
 OPTIONS = {"steps": 24, "size": 48}
@@ -158,20 +154,6 @@ def test_the_same_store_exports_to_the_same_bytes(tmp_path):
     assert trees[0] == trees[1] and any(path == "meta/stats.json" for path in trees[0])
 
 
-def kill_at_export_step(argv: list[str], step: str, marker: Path) -> None:
-    """Run an export that stops at ``step`` (the fault hook blocks there and creates ``marker`` when it does),
-    wait for that moment, then SIGKILL it."""
-    proc = subprocess.Popen(argv, env=cli_env(DEMOFORGE_EXPORT_HANG=step, DEMOFORGE_EXPORT_HANG_ONCE=str(marker)),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        assert proc.poll() is None, f"the export ended before reaching {step}: {proc.communicate()}"
-        assert time.monotonic() < deadline, f"the export did not reach {step} in 120 s"
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-
-
 def test_sigkill_at_each_step_of_an_export_leaves_the_previous_or_the_new_dataset(tmp_path):
     """Killed at every step of building a version (each kill lands when the export's hook says it is there),
     the published dataset is the previous one, loads and validates; killed once it is published and before the
@@ -182,7 +164,7 @@ def test_sigkill_at_each_step_of_an_export_leaves_the_previous_or_the_new_datase
     generate(store, 6)
     argv = demoforge_argv("export", "--store", str(store), "--out", str(out))
     for step in ("after_links", "after_videos", "after_data", "before_fsync", "before_publish", "before_catalog"):
-        kill_at_export_step(argv, step, tmp_path / f"reached-{step}")
+        kill_at_step(argv, step, tmp_path / f"reached-{step}")
         dataset = load(out)  # the published dataset always loads
         expected = 6 if step == "before_catalog" else 3
         assert dataset.num_episodes == expected, (step, dataset.num_episodes)
