@@ -20,6 +20,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from demoforge.stages.context import StageContext
 from demoforge.stages.contract import EpisodeResult
 from demoforge.stages.records import EpisodeAbandoned, StagedAttempt, StagedRecord
+from demoforge.storage.faults import window_pause
 from demoforge.storage.provenance import library_versions
 from demoforge.storage.store import Store
 
@@ -51,7 +52,7 @@ async def commit_stage(receive: MemoryObjectReceiveStream[StagedRecord], *, stor
             episode_id = ended.key.episode_id
             if result.keeps_data:
                 # Tests stretch the window between the fsync and the flip (a kill lands inside it).
-                pause = functools.partial(time.sleep, delay_s) if delay_s else None
+                pause = window_pause(delay_s, episode_id) if delay_s else None
                 await anyio.to_thread.run_sync(functools.partial(
                     store.commit_attempt, episode_id, frames=ended.frames, video_bytes=item.video_bytes,
                     content_hash=item.content_hash or "", record={**result.to_record(), "versions": library_versions()},

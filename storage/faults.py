@@ -1,7 +1,9 @@
 """Every fault-injection hook, read here and nowhere else: for tests and the tools/ harnesses, unset in normal runs.
 
 - ``DEMOFORGE_STAGE_DELAY`` (e.g. ``"write:0.02,commit:0.3"``): seconds to sleep per frame in a stage, and
-  between the fsync and the catalog flip of every commit, so a kill can land in that window.
+  between the fsync and the catalog flip of every commit, so a kill can land in that window; with
+  ``DEMOFORGE_WINDOW_MARKS=FILE`` each commit writes its episode id to FILE as its window opens (the moment a
+  test kills).
 - ``DEMOFORGE_EXPORT_PAUSE`` / ``DEMOFORGE_EXPORT_HANG`` / ``DEMOFORGE_EXPORT_HANG_ONCE``: sleep at each step of an
   export, or block at one; the hang creates its file when it blocks, which is the moment a test kills it.
 - ``DEMOFORGE_PRUNE_PAUSE``: seconds between two deletions of a prune.
@@ -30,6 +32,21 @@ def stage_delays(spec: str | None = None) -> Mapping[str, float]:
         except ValueError:
             raise ValueError(f"DEMOFORGE_STAGE_DELAY: {item!r} is not STAGE:SECONDS") from None
     return delays
+
+
+def window_pause(seconds: float, what: str) -> Callable[[], None]:
+    """A pause of ``seconds`` inside a window a kill should land in (a commit's, between its fsync and its catalog
+    flip); with ``DEMOFORGE_WINDOW_MARKS=FILE`` it first appends ``what`` to FILE, so a test can wait for the
+    moment rather than guess it."""
+    marks = os.environ.get("DEMOFORGE_WINDOW_MARKS")
+
+    def pause() -> None:
+        if marks:
+            with open(marks, "a") as file:
+                file.write(f"{what}\n")
+        time.sleep(seconds)
+
+    return pause
 
 
 EXPORT_STEPS = ("after_links", "after_videos", "after_data", "before_fsync", "before_publish", "before_catalog",

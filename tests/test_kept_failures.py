@@ -135,20 +135,19 @@ def test_a_kill_while_failures_are_committed_leaves_each_whole_or_absent(tmp_pat
 
     store = tmp_path / "store"
     argv = demoforge_argv("generate", *ARGS, "--keep-failures", "--store", str(store))
-    proc = subprocess.Popen(argv, env=cli_env(DEMOFORGE_STAGE_DELAY="commit:0.4"), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marks = tmp_path / "commit-windows"  # each commit writes its episode id here as its window opens
+    proc = subprocess.Popen(argv, env=cli_env(DEMOFORGE_STAGE_DELAY="commit:0.4", DEMOFORGE_WINDOW_MARKS=str(marks)),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    first_failure = expected_failures()[0]
-    while time.monotonic() < deadline and proc.poll() is None:  # the first failure has begun its commit
-        if (store / "catalog.sqlite").exists() and any(
-                (e, a) == first_failure for e, a, *_ in _staging_or_done(store)):
-            break
+    episode, attempt = expected_failures()[0]
+    first_failure = f"ep{episode:08d}-a{attempt:02d}"
+    while first_failure not in (marks.read_text().split() if marks.exists() else []):  # durable, not yet flipped
+        assert proc.poll() is None and time.monotonic() < deadline, "the first failure's commit never began"
         time.sleep(0.02)
-    time.sleep(0.25)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     at_kill = {(e, a) for e, a, state, k, _c in rows(store) if k}
-    assert at_kill <= set(expected_failures())
+    assert at_kill <= set(expected_failures()) and (episode, attempt) not in at_kill  # killed inside its window
     done = run_cli("generate", *ARGS, "--keep-failures", "--store", str(store))
     assert done.returncode == 0, done.stderr
     final = rows(store)
