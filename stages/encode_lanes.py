@@ -2,7 +2,9 @@
 own queue, so cameras of a frame encode independently and no frame costs a thread hand-off.
 
 The event loop only appends jobs to the lanes' queues (a lock and a list append) and collects results in
-job order. A lane wakes the loop (one ``call_soon_threadsafe``) only when the loop waits for results and
+job order. A thread with no event loop (a remote worker, pipeline/workers/episode_worker.py) uses the same lanes
+through the blocking twins :meth:`LaneSet.take_result` and :meth:`LaneSet.shutdown`: one encoder lifecycle for
+every executor. A lane wakes the loop (one ``call_soon_threadsafe``) only when the loop waits for results and
 enough are ready, or on an error: at most one wake per ``batch`` frames while the encoders are the
 bottleneck. Jobs of one lane run in submission order, so each camera's frames are encoded in exact order,
 and the i-th result of every lane belongs to the i-th job.
@@ -154,7 +156,8 @@ class LaneSet:
         self._taken = 0  # jobs whose results the loop took
         self._want: int | None = None  # results per lane the loop waits for
         self._event: anyio.Event | None = None
-        self._waker = _Waker()
+        self._waker: _Waker | None = None  # made by the first async wait, on its event loop
+        self._changed = threading.Condition(self.lock)  # a result or a failure arrived (blocking takers)
         self.lanes = {name: _Lane(name, make, self) for name, make in makers.items()}
         for lane in self.lanes.values():
             lane.start()
@@ -178,6 +181,8 @@ class LaneSet:
         with self.lock:
             self._raise_if_failed()
             if self._ready() == 0:
+                if self._waker is None:
+                    self._waker = _Waker()
                 self._want = min(self.batch, self._submitted - self._taken)
                 self._event = event = anyio.Event()
             else:
@@ -193,6 +198,26 @@ class LaneSet:
         with self.lock:
             self._taken += 1
             return {name: lane.results.popleft() for name, lane in self.lanes.items()}
+
+    def take_result(self) -> dict[str, bytes | CameraTail | None]:
+        """Blocking twin of :meth:`next_result`, for a thread without an event loop: waits for the next job's
+        result of every lane; raises a lane's failure."""
+        with self.lock:
+            while True:
+                self._raise_if_failed()
+                if self._ready() > 0:
+                    break
+                self._changed.wait()
+            self._taken += 1
+            return {name: lane.results.popleft() for name, lane in self.lanes.items()}
+
+    def shutdown(self) -> None:
+        """Blocking twin of :meth:`close`: stop every lane (each aborts its encoders) and wait for the threads."""
+        with self.lock:
+            self.closing = True
+            for lane in self.lanes.values():
+                lane.wake()
+        self._join()
 
     def busy_seconds(self) -> dict[str, float]:
         return {name: lane.busy_s for name, lane in self.lanes.items()}
@@ -214,6 +239,7 @@ class LaneSet:
     def deliver(self, lane: _Lane, out: bytes | CameraTail | None) -> None:
         with self.lock:
             lane.results.append(out)
+            self._changed.notify_all()
             if self._want is not None and self._ready() >= self._want:
                 self._wake()
 
@@ -221,6 +247,7 @@ class LaneSet:
         with self.lock:
             if self._error is None:
                 self._error = exc
+            self._changed.notify_all()
             self._wake()
 
     # ------------------------------------------------------------------------------------ shared
@@ -229,7 +256,7 @@ class LaneSet:
         return min((len(lane.results) for lane in self.lanes.values()), default=self._submitted - self._taken)
 
     def _wake(self) -> None:
-        if self._event is not None:
+        if self._event is not None and self._waker is not None:
             self._waker(self._event)
             self._want = None
 

@@ -641,3 +641,43 @@ def test_ray_actors_make_the_same_policy_driven_episodes_as_threads(tmp_path, ra
                              for r in catalog.committed()))
         catalog.close()
     assert hashes[0] == hashes[1] and all(h[3] for h in hashes[0]), hashes
+
+
+# ------------------------------------------------------------------------------------------ the worker's encoders
+def test_an_encoder_failure_in_a_worker_fails_that_attempt_and_the_next_one_encodes_afresh(monkeypatch):
+    """A remote worker encodes through the encode stage's camera lanes. An encoder that raises mid-attempt ends
+    that attempt as an error naming the worker (its frames never reach the driver), the lanes are replaced, and
+    the next attempt's frames and video tail come whole from fresh encoders (their bytes decode to every frame)."""
+    from demoforge.pipeline.workers.episode_worker import EpisodeWorker, WorkerSpec
+    from demoforge.stages import encode
+    from demoforge.stages.records import AttemptEnded, EncodedFrame, VideoTail
+    from helpers import decode_frames
+
+    real, calls = encode.CameraEncoder.encode, {"n": 0}
+
+    def failing(self, image):
+        calls["n"] += 1
+        if calls["n"] == 5:  # the first attempt's fifth frame
+            raise encode.EncoderError("camera 'cam' frame 4: simulated encoder failure")
+        return real(self, image)
+
+    monkeypatch.setattr(encode.CameraEncoder, "encode", failing)
+    options = {**toy_tasks.DEFAULTS, "steps": 12}
+    info = toy_tasks.describe(options)
+    worker = EpisodeWorker(WorkerSpec(task="toy-point", task_options=options, job_seed=0, max_attempts=3,
+                                      video=VideoSettings(codec="h264"), cameras=info.cameras, fps=info.fps,
+                                      batch_frames=4))
+    try:
+        records = [r for piece in worker.run_lease(0, 0) for r in piece.records]
+    finally:
+        worker.close()
+    ended = [r for r in records if isinstance(r, AttemptEnded)]
+    assert [(e.key.attempt, e.result.terminal_reason.value) for e in ended] == [(0, "error"), (1, "success")]
+    assert "raised EncoderError" in ended[0].result.error and "simulated encoder failure" in ended[0].result.error
+    first = [r for r in records if isinstance(r, EncodedFrame) and r.key.attempt == 0]
+    assert ended[0].frames == len(first) < 5  # only frames encoded before the failure reached the driver
+    second = [r for r in records if isinstance(r, EncodedFrame) and r.key.attempt == 1]
+    (tail,) = [r for r in records if isinstance(r, VideoTail)]
+    assert tail.key.attempt == 1 and len(second) == ended[1].frames == 12
+    video = b"".join(f.video["cam"] for f in second) + tail.video["cam"]
+    assert len(decode_frames(video)) == 12 and tail.stats["cam"]["count"].tolist() == [12]

@@ -11,6 +11,7 @@ output depends only on its settings and the frames it is fed.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import socket
@@ -18,7 +19,6 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +27,12 @@ from demoforge.pipeline.rerender_spec import RerenderSpec
 from demoforge.pipeline.workers.config import WorkerStartError
 from demoforge.stages.attempts import AttemptLedger, RetryPolicy
 from demoforge.stages.control import ControlSpec
+from demoforge.stages.encode_lanes import LaneSet
 from demoforge.stages.records import (
     AttemptEnded,
     AttemptKey,
     AttemptStarted,
+    CameraTail,
     EncodedFrame,
     EpisodeAbandoned,
     EpisodeAssignment,
@@ -130,8 +132,9 @@ class EpisodeWorker:
             except Exception as exc:
                 raise WorkerStartError(f"worker {spec.worker} ({where()}) cannot load --driver "
                                        f"{spec.control.driver}: {type(exc).__name__}: {exc}") from None
-        # One thread per camera keeps each camera's frames in order.
-        self._pools = {c.name: ThreadPoolExecutor(1, thread_name_prefix=f"encode-{c.name}") for c in spec.cameras}
+        # The encode stage's camera lanes (one thread per camera keeps its frames in order; the lane owns each
+        # attempt's encoder from its first frame to its finish or abort), used here through their blocking calls.
+        self._lanes = self._new_lanes()
 
     def _build(self) -> Any:
         from demoforge.pipeline.rerender import build_job_env
@@ -141,8 +144,14 @@ class EpisodeWorker:
     def close(self) -> None:
         if self.env is not None:
             self.env.close()
-        for pool in self._pools.values():
-            pool.shutdown(wait=False)
+        self._lanes.shutdown()
+
+    def _new_lanes(self) -> LaneSet:
+        from demoforge.stages.encode import make_recording_encoder  # by camera kind: RGB or depth
+
+        spec = self.spec
+        return LaneSet({c.name: functools.partial(make_recording_encoder, c, spec.fps, spec.video)
+                        for c in spec.cameras})
 
     # ------------------------------------------------------------------------------------ one lease
     def run_lease(self, episode_index: int, first_attempt: int) -> Iterator[Piece]:
@@ -153,10 +162,9 @@ class EpisodeWorker:
         from demoforge.stages.executor import Executor
 
         spec = self.spec
-        out = _PieceBuilder(spec.batch_frames)
+        out = _PieceBuilder(spec.batch_frames, self._lanes)
         attempt = first_attempt
         while True:
-            encoders: dict[str, Any] = {}
             ledger = AttemptLedger()  # the attempt in progress
             try:
                 executor = Executor(self.env, task=spec.task, job_seed=spec.job_seed, max_attempts=spec.max_attempts,
@@ -166,33 +174,32 @@ class EpisodeWorker:
                 for record in executor.run(_OneEpisode(EpisodeAssignment(episode_index, attempt))):
                     ledger.track(record)
                     if isinstance(record, AttemptStarted):
-                        encoders = self._open_encoders()
                         out.add(record)
                         yield out.cut()  # at once: the driver knows which attempt runs
                     elif isinstance(record, Frame):
-                        out.pending.append((record, self._submit(record, encoders)))
+                        self._submit(record)
+                        out.pending.append(record)
                         out.resolve(keep=ENCODE_LAG)
                         if out.full():
                             yield out.cut()
                     elif isinstance(record, AttemptEnded):
                         out.resolve(keep=0)
-                        mine, encoders = encoders, {}
-                        if record.result.keeps_data:
-                            tails = {n: e.finish() for n, e in mine.items()}
+                        keep = record.result.keeps_data
+                        self._lanes.submit_end(record.key, keep=keep)  # each lane finishes or aborts its encoder
+                        tails = {n: t for n, t in self._lanes.take_result().items() if isinstance(t, CameraTail)}
+                        if keep:
                             out.add(VideoTail(record.key, {n: t.data for n, t in tails.items()},
                                               {n: t.stats for n, t in tails.items()}))
-                        else:
-                            for enc in mine.values():
-                                enc.abort()
                         out.add(record)
                         yield out.cut()
                     else:
                         out.add(record)
                 break
             except Exception as exc:  # the env, the task or an encoder raised outside the executor's handling
-                out.drop_pending()
-                for enc in encoders.values():
-                    enc.abort()
+                # Fresh lanes: the old ones stop and abort the attempt's encoders (a failed lane stays failed).
+                out.pending.clear()
+                self._lanes.shutdown()
+                self._lanes = out.lanes = self._new_lanes()
                 if not ledger:
                     raise  # not inside an attempt: a worker fault (the driver re-runs the lease elsewhere)
                 (active,) = ledger.in_flight()
@@ -212,13 +219,13 @@ class EpisodeWorker:
                 attempt = then.first_attempt
         yield out.cut(lease_done=True)
 
-    def _submit(self, frame: Frame, encoders: Mapping[str, Any]) -> dict[str, Future[bytes]]:
+    def _submit(self, frame: Frame) -> None:
         from demoforge.stages.encode import EncoderError
 
-        if set(frame.images) != set(encoders):
+        if set(frame.images) != set(self._lanes.lanes):
             raise EncoderError(f"frame {frame.step} of {frame.key.episode_id} has cameras {sorted(frame.images)}; "
-                               f"the job declares {sorted(encoders)}")
-        return {n: self._pools[n].submit(encoders[n].encode, img) for n, img in frame.images.items()}
+                               f"the job declares {sorted(self._lanes.lanes)}")
+        self._lanes.submit_frame(frame.key, frame.images)
 
     def _rebuild(self) -> None:
         """After an unexpected exception the env's state is unknown: start the next attempt on a new one."""
@@ -228,18 +235,15 @@ class EpisodeWorker:
             pass
         self.env = self._build()
 
-    def _open_encoders(self) -> dict[str, Any]:
-        from demoforge.stages.encode import make_recording_encoder  # by camera kind: RGB or depth
-
-        return {c.name: make_recording_encoder(c, self.spec.fps, self.spec.video) for c in self.spec.cameras}
 
 class _PieceBuilder:
     """The piece being filled: resolved encoded frames in order, and frames still being encoded."""
 
-    def __init__(self, batch_frames: int) -> None:
+    def __init__(self, batch_frames: int, lanes: LaneSet) -> None:
         self.batch_frames = batch_frames
+        self.lanes = lanes
         self.batch: list[PieceRecord] = []
-        self.pending: deque[tuple[Frame, dict[str, Future[bytes]]]] = deque()
+        self.pending: deque[Frame] = deque()  # submitted to the lanes, results not taken yet
         self.frames = 0
         self.size = 0
         self.started = time.monotonic()
@@ -251,8 +255,8 @@ class _PieceBuilder:
     def resolve(self, keep: int) -> None:
         """Move encoded frames into the batch until at most ``keep`` are still being encoded."""
         while len(self.pending) > keep:
-            frame, futures = self.pending.popleft()
-            video = {n: f.result() for n, f in futures.items()}
+            frame = self.pending.popleft()
+            video = {n: v if isinstance(v, bytes) else b"" for n, v in self.lanes.take_result().items()}
             self.batch.append(EncodedFrame(frame.key, frame.step, frame.state, frame.action, frame.reward,
                                            frame.annotations, video))
             self.frames += 1
@@ -269,15 +273,6 @@ class _PieceBuilder:
                 self.sent_frames[record.key] = self.sent_frames.get(record.key, 0) + 1
         self.batch, self.frames, self.size, self.started = [], 0, 0, time.monotonic()
         return piece
-
-    def drop_pending(self) -> None:
-        for _, futures in self.pending:
-            for f in futures.values():
-                try:
-                    f.result()  # let the encoder thread finish before its encoder is aborted
-                except Exception:
-                    pass
-        self.pending.clear()
 
 
 class _OneEpisode:
