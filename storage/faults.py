@@ -49,7 +49,8 @@ def window_pause(seconds: float, what: str) -> Callable[[], None]:
     return pause
 
 
-EXPORT_STEPS = ("after_links", "after_videos", "after_data", "before_fsync", "before_publish", "before_catalog",
+EXPORT_STEPS = ("after_links", "after_videos", "after_data", "before_fsync", "before_publish", "after_publish",
+                "before_catalog",
                 "after_catalog", "after_report")
 
 

@@ -18,8 +18,9 @@ from edit_helpers import copy_dataset, episodes_meta, toy_store, violations
 from helpers import demoforge_argv, kill_at_step
 
 pytestmark = pytest.mark.slow
-#: The steps a new version passes while it is built, before it is published (storage/lerobot/edit.py, publish.py).
-STEPS = ("after_videos", "after_data", "before_fsync", "before_publish")
+#: The steps a new version passes while it is built and published (storage/lerobot/edit.py, publish.py):
+#: ``before_publish`` is after the version's rename into place and before the link swap.
+STEPS = ("after_videos", "after_data", "before_fsync", "before_publish", "after_publish")
 
 
 @pytest.fixture(scope="module")
@@ -41,24 +42,27 @@ def test_kills_during_an_edit_in_place_leave_the_old_or_the_new_version(dataset,
     problems: list[str] = []
     for step in STEPS:
         kill_at_step(argv, step, tmp_path / f"reached-{step}")
-        if published(target) != 8:
-            problems.append(f"killed at {step}: the dataset holds {published(target)} episodes (8 expected)")
+        expected = 5 if step == "after_publish" else 8  # the new version once its link is swapped
+        if published(target) != expected:
+            problems.append(f"killed at {step}: the dataset holds {published(target)} episodes ({expected} expected)")
         problems += [f"killed at {step}: {p}" for p in violations(target)]
-    final = edit_dataset(target, delete="1,3-4")  # finishes the work
+    final = edit_dataset(target, delete="1,3-4")  # reports that the killed run had finished
     assert final.outputs[0].status in (WRITTEN, ALREADY)
     assert published(target) == 5 and not unfinished_leftovers(Path(f"{target}.versions"))
     assert problems + violations(target) == []
 
 
 def test_kills_during_a_split_leave_each_part_absent_or_complete(dataset, tmp_path):
-    """Killed while the first part is built (nothing published), then while the second is (the first complete)."""
+    """Killed while the first part is built and just after it is published, then (a run that finds the first part
+    done goes on with the second) while the second is built and just after it is published."""
     parts = tmp_path / "parts"
     argv = demoforge_argv("edit", str(dataset), "--split", "train=0.75,val=0.25", "--seed", "1", "--out-root",
                           str(parts))
     problems: list[str] = []
-    for step, expected in (("after_data#1", [None, None]), ("before_publish#1", [None, None]),
-                           ("before_publish#2", [6, None])):
-        kill_at_step(argv, step, tmp_path / f"reached-{step.replace('#', '-')}")
+    for trial, (step, expected) in enumerate((("after_data#1", [None, None]), ("before_publish#1", [None, None]),
+                                              ("after_publish#1", [6, None]), ("before_publish#1", [6, None]),
+                                              ("after_publish#1", [6, 2]))):
+        kill_at_step(argv, step, tmp_path / f"reached-{trial}")
         counts = [published(parts / name) for name in ("train", "val")]
         if counts != expected:
             problems.append(f"killed at {step}: train and val hold {counts} episodes ({expected} expected)")
@@ -79,8 +83,9 @@ def test_kills_during_a_merge_leave_nothing_or_the_whole_dataset(dataset, tmp_pa
     problems: list[str] = []
     for step in STEPS:
         kill_at_step(argv, step, tmp_path / f"reached-{step}")
-        if published(out) is not None:
-            problems.append(f"killed at {step}: the merge holds {published(out)} episodes (nothing expected)")
+        expected = 8 if step == "after_publish" else None
+        if published(out) != expected:
+            problems.append(f"killed at {step}: the merge holds {published(out)} episodes ({expected} expected)")
     final = merge_datasets([tmp_path / "halves" / "a", tmp_path / "halves" / "b"], out)
     assert final.outputs[0].status in (WRITTEN, ALREADY) and published(out) == 8
     assert problems + violations(out) == []

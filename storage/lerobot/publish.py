@@ -186,8 +186,9 @@ def publish_version(target: Published, build: Path, written: Iterable[Path],
     final = build.with_name(build.name.removesuffix(".partial"))
     os.rename(build, final)
     fsync_dir(target.versions)
-    pause("before_publish")
+    pause("before_publish")  # renamed into place, the link not yet swapped
     atomic_link(target.root, os.path.relpath(final, target.root.parent))
+    pause("after_publish")
     return final.name
 
 
