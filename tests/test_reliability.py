@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from demoforge.pipeline.tasks.registry import (
     TaskInfo,
     check_task_info,
 )
-from helpers import REPO, TESTS, cli_env, demoforge_argv
+from helpers import REPO, TESTS, cli_env, demoforge_argv, kill_at_step
 
 pytestmark = pytest.mark.slow
 
@@ -110,28 +109,14 @@ def test_export_killed_between_rename_and_link_swap_is_completed_by_the_next_one
     from demoforge.storage.lerobot.validate import validate_dataset
 
     store, out = tmp_path / "store", tmp_path / "dataset"
-
-    class Crash(Exception):
-        pass
-
     versions = tmp_path / "dataset.versions"
-    kept = tmp_path / "at-the-kill"
-
-    def crash(step: str) -> None:
-        if step == "before_publish":  # after the rename, before the link swap
-            # What a SIGKILL here leaves on disk: the renamed version. (An exception makes the export remove it
-            # at once, so the state at the "kill" is copied aside and put back below.)
-            shutil.copytree(versions / version, kept / version, symlinks=True)
-            raise Crash
-
     for episodes, version in ((1, "v000001"), (2, "v000002")):
         run_job(JobSpec(task="toy-point", episodes=episodes, task_options={"steps": 12, "size": 16},
                         video=VideoSettings(codec="h264")), store)
-        with pytest.raises(Crash):
-            export_store(store, out, stage_pause=crash)
-        assert not (versions / version).exists()  # an exception gives the space back at once
-        os.rename(kept / version, versions / version)
-        assert (tmp_path / "dataset.versions" / version).is_dir()
+        # A real `demoforge export` SIGKILLed after the rename and before the link swap (its hook's moment).
+        kill_at_step(demoforge_argv("export", "--store", str(store), "--out", str(out)), "before_publish",
+                     tmp_path / f"renamed-{version}")
+        assert (versions / version).is_dir()
         assert not out.is_symlink() or os.readlink(out) != f"dataset.versions/{version}"
         report = export_store(store, out)
         assert (report.total_episodes, report.version) == (episodes, version)
