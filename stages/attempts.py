@@ -71,8 +71,14 @@ class AttemptLedger:
         """Oldest episode first."""
         return [self._active[key] for key in sorted(self._active, key=lambda k: (k.episode_index, k.attempt))]
 
-    def clear(self) -> None:
-        self._active.clear()
+    def end_all_failed(self, task: str, error: BaseException,
+                       retry: RetryPolicy) -> list[tuple[AttemptEnded, EpisodeAssignment | EpisodeAbandoned]]:
+        """End every attempt in flight as ``error`` (a hung env: counted), each with what ``retry`` says follows."""
+        ends = []
+        for attempt in self.in_flight():
+            result = attempt.failed(task, str(error), type(error).__name__)
+            ends.append((attempt.ended(result), retry.after(attempt.key, result)))
+        return ends
 
     def __bool__(self) -> bool:
         return bool(self._active)

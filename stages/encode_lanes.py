@@ -196,8 +196,7 @@ class LaneSet:
             with self.lock:
                 self._raise_if_failed()
         with self.lock:
-            self._taken += 1
-            return {name: lane.results.popleft() for name, lane in self.lanes.items()}
+            return self._take()
 
     def take_result(self) -> dict[str, bytes | CameraTail | None]:
         """Blocking twin of :meth:`next_result`, for a thread without an event loop: waits for the next job's
@@ -206,10 +205,8 @@ class LaneSet:
             while True:
                 self._raise_if_failed()
                 if self._ready() > 0:
-                    break
+                    return self._take()
                 self._changed.wait()
-            self._taken += 1
-            return {name: lane.results.popleft() for name, lane in self.lanes.items()}
 
     def shutdown(self) -> None:
         """Blocking twin of :meth:`close`: stop every lane (each aborts its encoders) and wait for the threads."""
@@ -217,23 +214,16 @@ class LaneSet:
             self.closing = True
             for lane in self.lanes.values():
                 lane.wake()
-        self._join()
+        for lane in self.lanes.values():
+            lane.join(timeout=60)  # a lane finishes the frame it is encoding, then stops
 
     def busy_seconds(self) -> dict[str, float]:
         return {name: lane.busy_s for name, lane in self.lanes.items()}
 
     async def close(self) -> None:
         """Stop every lane (each aborts the encoders it still holds) and wait for their threads."""
-        with self.lock:
-            self.closing = True
-            for lane in self.lanes.values():
-                lane.wake()
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._join)
-
-    def _join(self) -> None:
-        for lane in self.lanes.values():
-            lane.join(timeout=60)  # a lane finishes the frame it is encoding, then stops
+            await anyio.to_thread.run_sync(self.shutdown)
 
     # --------------------------------------------------------------------------------- lane side
     def deliver(self, lane: _Lane, out: bytes | CameraTail | None) -> None:
@@ -259,6 +249,11 @@ class LaneSet:
         if self._event is not None and self._waker is not None:
             self._waker(self._event)
             self._want = None
+
+    def _take(self) -> dict[str, bytes | CameraTail | None]:
+        """The next job's result of every lane (caller holds the lock and knows they are ready)."""
+        self._taken += 1
+        return {name: lane.results.popleft() for name, lane in self.lanes.items()}
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

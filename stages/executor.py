@@ -514,13 +514,11 @@ class Executor:
                  max_attempts: int = 3, interrupt: Callable[[], bool] | None = None, worker: int = 0,
                  cameras: tuple[CameraSpec, ...] | None = None, control: ControlSpec | None = None,
                  make_policy: Callable[[], Policy] | None = None, keep_failures: bool = False) -> None:
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.retry = RetryPolicy(max_attempts)  # refuses max_attempts < 1 before anything is built
         self.rows = _Rows(env)
         self.task = task
         self.job_seed = job_seed
         self.max_attempts = max_attempts
-        self.retry = RetryPolicy(max_attempts)
         self.interrupt = interrupt or (lambda: False)
         self.worker = worker
         self._shapes = _Shapes()

@@ -271,13 +271,10 @@ class _EnvThread:
         for record in list(state.pending):
             await send.send(record)
         state.pending.clear()
-        retry = RetryPolicy(settings.max_attempts)
-        for attempt in state.ledger.in_flight():
-            error = StepTimeoutError(f"the env did not return within {settings.step_timeout_s:g} s; attempt aborted "
-                                     "and the worker replaced", task=settings.task)
-            result = attempt.failed(settings.task, str(error), type(error).__name__)
-            await send.send(attempt.ended(result))
-            then = retry.after(attempt.key, result)
+        error = StepTimeoutError(f"the env did not return within {settings.step_timeout_s:g} s; attempt aborted "
+                                 "and the worker replaced", task=settings.task)
+        for ended, then in state.ledger.end_all_failed(settings.task, error, RetryPolicy(settings.max_attempts)):
+            await send.send(ended)
             if isinstance(then, EpisodeAssignment):
                 carry.append(then)
             else:

@@ -50,8 +50,7 @@ def window_pause(seconds: float, what: str) -> Callable[[], None]:
 
 
 EXPORT_STEPS = ("after_links", "after_videos", "after_data", "before_fsync", "before_publish", "after_publish",
-                "before_catalog",
-                "after_catalog", "after_report")
+                "before_catalog", "after_catalog", "after_report")
 
 
 def export_pause() -> Callable[[str], None] | None:
@@ -69,17 +68,18 @@ def export_pause() -> Callable[[str], None] | None:
         raise ValueError(f"DEMOFORGE_EXPORT_HANG is {hang_spec!r}: expected STEP or STEP#N; steps: "
                          f"{', '.join(EXPORT_STEPS)}")
     reached_nth = int(nth or 1)
-    reached = {"count": 0}
+    reached = 0  # times the pause got to ``hang_at``
     once = os.environ.get("DEMOFORGE_EXPORT_HANG_ONCE")
     if not seconds and hang_spec is None:
         return None
 
     def pause(step: str) -> None:
+        nonlocal reached
         if seconds:
             time.sleep(seconds)
         if step == hang_at:
-            reached["count"] += 1
-        if step == hang_at and reached["count"] == reached_nth and not (once and os.path.exists(once)):
+            reached += 1
+        if step == hang_at and reached == reached_nth and not (once and os.path.exists(once)):
             if once:
                 open(once, "w").close()
             while True:

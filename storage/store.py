@@ -72,8 +72,10 @@ class Store:
 
     @property
     def staging(self) -> StagingStore | None:
-        if self._staging is None and self.layout is not None:
-            self._staging = StagingStore(self.path, self.layout, read_only=self.mode != "w")
+        if self._staging is None:
+            layout = self.layout
+            if layout is not None:
+                self._staging = StagingStore(self.path, layout, read_only=self.mode != "w")
         return self._staging
 
     def require_job(self) -> tuple[Fingerprint, StagingStore]:
@@ -212,7 +214,6 @@ def _open_job_writer(path: Path, fingerprint: Fingerprint) -> Store:
         raise StoreError(f"store directory {path} is not writable")
     check_catalog_file(path, writer=True)
     lock_fd = _acquire_lock(path)
-    catalog: Catalog | None = None
     try:
         catalog = Catalog(path)
         created = catalog.bind_job(fingerprint)

@@ -458,13 +458,10 @@ class RemoteExecutor:
         if not state.ledger:  # hung before its attempt started (building or resetting the env): re-run as lost
             broker.rerun(EpisodeAssignment(state.assignment.episode_index, state.next_attempt))
             return
-        retry = RetryPolicy(self.job.max_attempts)
-        for attempt in state.ledger.in_flight():
-            error = StepTimeoutError(f"the env did not return within {timeout:g} s; attempt aborted and the worker "
-                                     "replaced", task=self.job.task)
-            result = attempt.failed(self.job.task, str(error), type(error).__name__)
-            await send.send(attempt.ended(result))
-            then = retry.after(attempt.key, result)
+        error = StepTimeoutError(f"the env did not return within {timeout:g} s; attempt aborted and the worker "
+                                 "replaced", task=self.job.task)
+        for ended, then in state.ledger.end_all_failed(self.job.task, error, RetryPolicy(self.job.max_attempts)):
+            await send.send(ended)
             if isinstance(then, EpisodeAssignment):
                 broker.rerun(then)
             else:
