@@ -2,9 +2,10 @@
 
 ::
 
-    plan ──assignments──> step (K env workers) ──frames──> encode ──encoded──> write ──staged──> commit
+    plan ──assignments──> workers (K env threads, or remote workers) ──encoded──> write ──staged──> commit
 
-Every stream is bounded (``queue_frames`` items), so a slow stage blocks the ones before it, back to the env
+Every worker steps its env and encodes its own frames (stages/record_encoder.py), local or remote: a frame
+takes one route whatever the executor. Every stream is bounded (``queue_frames`` items), so a slow stage blocks the ones before it, back to the env
 workers: nothing is dropped and memory is bounded by the queues, not by episode or job length.
 """
 
@@ -33,9 +34,8 @@ from demoforge.pipeline.workers.config import ExecutorConfig
 from demoforge.pipeline.workers.driver import RemoteExecutor, WorkerCount
 from demoforge.stages.commit import commit_stage
 from demoforge.stages.context import BusyMeter, StageContext
-from demoforge.stages.encode import encode_stage
 from demoforge.stages.plan import EpisodePlanner, RunawayStop
-from demoforge.stages.records import EncodedRecord, EpisodeAssignment, Record, StagedAttempt, StagedRecord
+from demoforge.stages.records import EncodedRecord, EpisodeAssignment, StagedAttempt, StagedRecord
 from demoforge.stages.step import StepSettings, step_stage
 from demoforge.stages.write import write_stage
 from demoforge.storage.recovery import RecoveryReport
@@ -233,24 +233,21 @@ class JobRunner:
                     assign_send.close()
                 else:
                     tg.start_soon(planner.run, assign_send)
-                if remote is not None:  # remote workers step, render and encode; their pieces feed the write stage
+                # Workers step, render and encode: remote ones send pieces, env threads batches of records.
+                if remote is not None:
                     tg.start_soon(remote.run, assign_recv, enc_send, self._stop)
-                else:  # env threads step and render; the encode stage encodes
-                    step_send, step_recv = anyio.create_memory_object_stream[Record](q)
-                    stats.queues = {"step->encode": step_send, **stats.queues}
-                    async with assign_recv, step_send:
+                else:
+                    async with assign_recv, enc_send:
                         step = StepSettings(task=spec.task, job_seed=spec.seed, max_attempts=spec.max_attempts,
-                                            num_envs=spec.num_envs, cameras=info.cameras,
+                                            cameras=info.cameras, fps=info.fps, video=spec.video,
+                                            stats_dir=self.store_dir, num_envs=spec.num_envs,
                                             step_timeout_s=spec.step_timeout_s, send_batch=max(1, q // 4),
                                             control=spec.control, make_policy=self.make_policy,
                                             keep_failures=spec.keep_failures)
                         make_env = functools.partial(build_job_env, self.entry, spec.task_options, spec.rerender)
                         for worker in range(spec.workers):
-                            tg.start_soon(step_stage, worker, make_env, step, assign_recv.clone(), step_send.clone(),
+                            tg.start_soon(step_stage, worker, make_env, step, assign_recv.clone(), enc_send.clone(),
                                           context)
-                    tg.start_soon(functools.partial(encode_stage, step_recv, enc_send, cameras=info.cameras,
-                                                    fps=info.fps, settings=spec.video, context=context,
-                                                    stats_dir=self.store_dir))
                 tg.start_soon(functools.partial(write_stage, enc_recv, write_send, store=store, context=context))
                 await commit_stage(write_recv, store=store, planner=planner,
                                    on_outcome=on_outcome, context=context)

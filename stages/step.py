@@ -1,8 +1,11 @@
-"""Step stage: env workers in threads, each running the executor and pushing its records downstream.
+"""Step stage: env workers in threads, each running the executor and its own encoders, and pushing encoded
+records downstream.
 
-A worker blocks on the bounded record stream when later stages are slower (backpressure reaches the env).
-MuJoCo's EGL context is bound to the thread that created it, so each worker builds, steps and closes its
-own env in its own thread.
+Each worker thread steps its env and hands every frame to its camera lanes (stages/record_encoder.py), as a
+remote worker does: one route for a frame whatever the executor. A worker blocks on the bounded stream when
+later stages are slower (backpressure reaches the env), and waits for its encoders when it is ``encode_lag``
+jobs ahead of them. MuJoCo's EGL context is bound to the thread that created it, so each worker builds,
+steps and closes its own env in its own thread.
 
 A watchdog guards against an env that hangs (a step, reset or build that never returns): when a worker has
 been inside env or task code for longer than ``step_timeout_s``, its in-flight attempts end as errors
@@ -17,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import anyio
 import anyio.from_thread
@@ -30,12 +34,14 @@ from demoforge.stages.contract import EnvError
 from demoforge.stages.context import StageContext
 from demoforge.stages.control import ControlSpec, Policy
 from demoforge.stages.executor import Executor
+from demoforge.stages.record_encoder import DEFAULT_ENCODE_LAG, RecordEncoder
 from demoforge.stages.records import (
     PENDING,
+    EncodedRecord,
     EpisodeAssignment,
     Pending,
-    Record,
 )
+from demoforge.stages.settings import VideoSettings
 from demoforge.storage.schema import CameraSpec
 
 
@@ -62,7 +68,7 @@ class _Worker:
     abandoned: bool = False
     error: BaseException | None = None
     ledger: AttemptLedger = field(default_factory=AttemptLedger)  # the attempts in flight
-    pending: list[Record] = field(default_factory=list)  # produced, not yet sent (a batch being filled)
+    pending: list[EncodedRecord] = field(default_factory=list)  # encoded, not yet sent (a batch being filled)
 
     def idle(self) -> None:
         """Leave env code; unwinds the thread if the watchdog gave up on it meanwhile."""
@@ -110,7 +116,9 @@ class _StreamWork:
 
 @dataclass(frozen=True)
 class StepSettings:
-    """What one job's env workers run: its task, how attempts are seeded and bounded, how records are batched.
+    """What one job's env workers run: its task and cameras, how attempts are seeded and bounded, how frames
+    are encoded (``video`` at ``fps``; frame statistics spill into ``stats_dir``, None: the system's temporary
+    folder; ``encode_lag``: encoder jobs the env may run ahead of its encoders), how records are batched.
 
     ``send_batch``/``send_wait_s``: records go downstream in batches of up to ``send_batch``, one hand-off to
     the event loop per batch; a record waits at most ``send_wait_s`` (or the next step, whichever is later)
@@ -122,8 +130,12 @@ class StepSettings:
     task: str
     job_seed: int
     max_attempts: int
+    cameras: tuple[CameraSpec, ...]
+    fps: int
+    video: VideoSettings = field(default_factory=VideoSettings)
+    stats_dir: Path | None = None
+    encode_lag: int = DEFAULT_ENCODE_LAG
     num_envs: int = 1
-    cameras: tuple[CameraSpec, ...] | None = None
     step_timeout_s: float | None = None
     send_batch: int = 1
     send_wait_s: float = 0.005
@@ -133,13 +145,13 @@ class StepSettings:
 
 
 async def step_stage(worker: int, make_row_env: Callable[[], gym.Env], settings: StepSettings,
-                     assignments: MemoryObjectReceiveStream[EpisodeAssignment], send: MemoryObjectSendStream[Record],
-                     context: StageContext | None = None) -> None:
+                     assignments: MemoryObjectReceiveStream[EpisodeAssignment],
+                     send: MemoryObjectSendStream[EncodedRecord], context: StageContext | None = None) -> None:
     """Run one env worker until the plan runs dry or ``context.stop`` is set; in-flight attempts end interrupted.
 
     A worker whose env hangs past the step timeout is given up (its attempts end as errors) and a fresh one
     takes over its episodes. ``context.busy["step:<worker>"]`` accumulates the time spent producing records
-    (not waiting downstream)."""
+    (not waiting downstream), ``context.busy["encode:<worker>:<camera>"]`` its encoders' time."""
     context = context or StageContext()
     carry: list[EpisodeAssignment] = []
     async with send, assignments:
@@ -152,11 +164,12 @@ async def step_stage(worker: int, make_row_env: Callable[[], gym.Env], settings:
 
 class _EnvThread:
     """One env worker thread and its watchdog: builds, steps and closes its own env (MuJoCo's EGL context is
-    bound to the thread that made it) and pushes the executor's records into the stream in batches."""
+    bound to the thread that made it), encodes its frames and pushes the records into the stream in batches."""
 
     def __init__(self, worker: int, make_row_env: Callable[[], gym.Env], settings: StepSettings,
-                 assignments: MemoryObjectReceiveStream[EpisodeAssignment], send: MemoryObjectSendStream[Record],
-                 context: StageContext, carried: list[EpisodeAssignment]) -> None:
+                 assignments: MemoryObjectReceiveStream[EpisodeAssignment],
+                 send: MemoryObjectSendStream[EncodedRecord], context: StageContext,
+                 carried: list[EpisodeAssignment]) -> None:
         self.worker, self.make_row_env, self.settings = worker, make_row_env, settings
         self.assignments, self.send, self.context = assignments, send, context
         self.carried = carried  # episodes taken over from a hung predecessor, run first
@@ -164,6 +177,7 @@ class _EnvThread:
         self.token = anyio.lowlevel.current_token()
         self.done = anyio.Event()  # set from the thread when it ends (not when it is given up)
         self.busy_key = f"step:{worker}"
+        self.encoder: RecordEncoder | None = None  # made by the thread; the watchdog drains it after a hang
 
     async def run(self) -> bool:
         """Run the thread to its end; True when it hung and was given up instead."""
@@ -197,7 +211,7 @@ class _EnvThread:
                     return True
         return False
 
-    async def _send_all(self, records: list[Record]) -> None:
+    async def _send_all(self, records: list[EncodedRecord]) -> None:
         # What fits in the stream goes in at once: ``send`` yields to the event loop before each record, and
         # this env thread waits for the whole batch, so every yield would let other stages run on its time.
         # Only a full stream (backpressure) makes it wait.
@@ -207,12 +221,21 @@ class _EnvThread:
             except anyio.WouldBlock:
                 await self.send.send(record)
 
-    def _flush(self) -> None:
+    def _send_batch(self) -> None:
         state = self.state
         if state.pending:
             batch = list(state.pending)
             anyio.from_thread.run(self._send_all, batch, token=self.token)
             del state.pending[:len(batch)]
+        if self.encoder is not None:
+            for camera, seconds in self.encoder.busy_seconds().items():
+                self.context.busy.set(f"encode:{self.worker}:{camera}", seconds)
+
+    def _flush(self) -> None:
+        """Everything this worker made goes downstream (its encoders finish what they hold first)."""
+        if self.encoder is not None:
+            self.state.pending.extend(self.encoder.drain())
+        self._send_batch()
 
     def _work(self) -> None:
         state, settings, context = self.state, self.settings, self.context
@@ -221,6 +244,9 @@ class _EnvThread:
         env = None
         first_at = 0.0
         try:
+            self.encoder = encoder = RecordEncoder(settings.cameras, settings.fps, settings.video,
+                                                   stats_dir=settings.stats_dir, lag=settings.encode_lag,
+                                                   delay_s=context.delay("encode"), stop=stop)
             state.busy()
             env = build_env(self.make_row_env, settings.num_envs)
             executor = Executor(env, task=settings.task, job_seed=settings.job_seed,
@@ -237,11 +263,13 @@ class _EnvThread:
                 if started is not None:
                     context.busy.add(self.busy_key, now - started)
                 state.ledger.track(record)
-                state.pending.append(record)
-                if len(state.pending) == 1:
+                before = len(state.pending)
+                state.pending.extend(encoder.feed(record))
+                if before == 0 and state.pending:
                     first_at = now
-                if len(state.pending) >= send_batch or now - first_at >= settings.send_wait_s or delay_s:
-                    self._flush()
+                if state.pending and (len(state.pending) >= send_batch or now - first_at >= settings.send_wait_s
+                                      or delay_s):
+                    self._send_batch()
                 if delay_s:
                     stop.wait(delay_s)
                 state.busy()
@@ -255,6 +283,8 @@ class _EnvThread:
             state.busy_since = None
             if env is not None and not state.abandoned:
                 env.close()
+            if self.encoder is not None and not state.abandoned:
+                self.encoder.close()
             if not state.abandoned:
                 try:
                     anyio.from_thread.run_sync(self.done.set, token=self.token)
@@ -264,17 +294,31 @@ class _EnvThread:
     async def give_up(self) -> list[EpisodeAssignment]:
         """The env hung: end its attempts as errors and return their episodes for a fresh worker, with the
         episodes it had taken over and not started yet."""
-        state, settings, send = self.state, self.settings, self.send
+        state, settings, send, encoder = self.state, self.settings, self.send, self.encoder
         carry = list(self.carried)
-        # Records the hung worker produced but had not sent yet go first (it can no longer send them: an
-        # abandoned worker stops at its next idle(), before it touches its batch again).
-        for record in list(state.pending):
-            await send.send(record)
-        state.pending.clear()
+        # Records the hung worker produced but had not sent yet go first, once its encoders have finished them
+        # (it can no longer touch them: an abandoned worker stops at its next idle(), before its batch or its
+        # encoders). Its failed attempts' ends then go through the same encoders, which drop their video.
         error = StepTimeoutError(f"the env did not return within {settings.step_timeout_s:g} s; attempt aborted "
                                  "and the worker replaced", task=settings.task)
-        for ended, then in state.ledger.end_all_failed(settings.task, error, RetryPolicy(settings.max_attempts)):
-            await send.send(ended)
+        ends = list(state.ledger.end_all_failed(settings.task, error, RetryPolicy(settings.max_attempts)))
+
+        def finish() -> list[EncodedRecord]:
+            if encoder is None:
+                return [ended for ended, _ in ends]
+            try:
+                out = encoder.drain()
+                for ended, _ in ends:
+                    out.extend(encoder.feed(ended))
+                return out + encoder.drain()
+            finally:
+                encoder.close()
+
+        records = [*state.pending, *await anyio.to_thread.run_sync(finish)]
+        state.pending.clear()
+        for record in records:
+            await send.send(record)
+        for _, then in ends:
             if isinstance(then, EpisodeAssignment):
                 carry.append(then)
             else:

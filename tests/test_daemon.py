@@ -102,7 +102,8 @@ def test_metrics_show_progress_and_sigterm_stops_gracefully(tmp_path):
         later = wait_for(lambda: (m := scrape(port))["demoforge_episodes_committed_total"]
                          > first["demoforge_episodes_committed_total"] and m)
         assert later["demoforge_frames_total"] > first["demoforge_frames_total"]
-        assert 'demoforge_queue_depth{queue="step->encode"}' in later
+        assert 'demoforge_queue_depth{queue="encode->write"}' in later
+        assert later['demoforge_stage_busy_seconds{stage="encode"}'] > 0
         assert later['demoforge_stage_busy_seconds{stage="step"}'] > 0
         wait_for(lambda: scrape(port)["demoforge_exported_episodes"] >= 5)  # a periodic export happened
         status = subprocess.run(demoforge_argv("status", "--store", str(tmp_path / "store"), "--json"),

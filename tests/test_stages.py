@@ -146,8 +146,11 @@ def step_env_factory(steps_taken: list[int] | None = None):
 
 
 def step_task(env_factory, assignments, send, stop, **extra):
-    """The step stage on toy-point envs from ``env_factory``, as a task group's callable."""
-    settings = StepSettings(task="toy-point", job_seed=0, max_attempts=3, **extra)
+    """The step stage on toy-point envs from ``env_factory``, as a task group's callable. Its encoders keep
+    up with the env (``encode_lag=0``) unless a test says otherwise."""
+    extra = {"encode_lag": 0, **extra}
+    settings = StepSettings(task="toy-point", job_seed=0, max_attempts=3, cameras=INFO.cameras, fps=INFO.fps,
+                            video=H264, **extra)
     return lambda: step_stage(0, env_factory, settings, assignments, send, StageContext(stop=stop))
 
 
@@ -165,6 +168,17 @@ async def until(condition: Callable[[], bool]) -> None:
     ``anyio.wait_all_tasks_blocked()`` instead."""
     while not condition():
         await anyio.sleep(0.01)
+
+
+def env_thread_waits_in(function: str) -> bool:
+    """Whether an env worker thread is inside ``function`` now (its current stack, as py-spy would show it)."""
+    import sys
+    import traceback
+
+    threads = {t.ident: t.name for t in threading.enumerate()}
+    return any(threads.get(ident, "").startswith("env-worker-")
+               and any(f.name == function for f in traceback.extract_stack(frame))
+               for ident, frame in sys._current_frames().items())
 
 
 async def until_send_blocks(send: MemoryObjectSendStream) -> None:
@@ -191,7 +205,14 @@ async def test_step_runs_assigned_episodes_and_ends_its_stream_when_the_plan_doe
     ended = [r for r in records if isinstance(r, AttemptEnded)]
     assert [(r.key.episode_index, r.key.attempt) for r in started] == [(4, 1), (7, 1)]
     assert [r.result.committable for r in ended] == [True, True] and [r.frames for r in ended] == [STEPS] * 2
-    assert sum(isinstance(r, Frame) for r in records) == 2 * STEPS
+    # The worker encoded its own frames: each episode's video decodes to its frames.
+    for key in (r.key for r in started):
+        frames = [r for r in records if isinstance(r, EncodedFrame) and r.key == key]
+        (tail,) = [r for r in records if isinstance(r, VideoTail) and r.key == key]
+        assert len(frames) == STEPS
+        for camera in INFO.cameras:
+            data = b"".join(f.video[camera.name] for f in frames) + tail.video[camera.name]
+            assert len(decode_frames(data)) == STEPS
 
 
 @asynccontextmanager
@@ -213,7 +234,7 @@ async def test_step_blocks_on_a_full_stream_so_the_env_waits_for_the_consumer():
         assert receive.statistics().current_buffer_used == 3
         assert len(steps_taken) == 3
         records = await drain(receive)
-    assert len(steps_taken) == STEPS and sum(isinstance(r, Frame) for r in records) == STEPS
+    assert len(steps_taken) == STEPS and sum(isinstance(r, EncodedFrame) for r in records) == STEPS
 
 
 async def test_step_ends_quietly_when_the_next_stage_is_gone():
@@ -239,8 +260,38 @@ async def test_step_sends_records_in_batches_and_runs_at_most_a_batch_ahead_of_a
             assert len(steps_taken) == 3
             records = await drain(receive)
     # The last, partial batch is sent when the plan runs dry; order is the executor's.
-    assert [type(r).__name__ for r in records] == ["AttemptStarted"] + ["Frame"] * STEPS + ["AttemptEnded"]
-    assert [r.step for r in records if isinstance(r, Frame)] == list(range(STEPS))
+    assert [type(r).__name__ for r in records] == (["AttemptStarted"] + ["EncodedFrame"] * STEPS
+                                                   + ["VideoTail", "AttemptEnded"])
+    assert [r.step for r in records if isinstance(r, EncodedFrame)] == list(range(STEPS))
+
+
+async def test_step_waits_for_its_encoders_once_it_is_encode_lag_jobs_ahead(monkeypatch):
+    """A slow encoder slows the env: the worker runs at most ``encode_lag`` jobs ahead of its encoders."""
+    from demoforge.stages import encode
+
+    release = threading.Event()
+    plain = encode.CameraEncoder.encode
+
+    def held(self, image):
+        release.wait(60)
+        return plain(self, image)
+
+    monkeypatch.setattr(encode.CameraEncoder, "encode", held)
+    send, receive = anyio.create_memory_object_stream(100)
+    steps_taken: list[int] = []
+    lag = 3
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(step_task(step_env_factory(steps_taken), one_episode(), send, threading.Event(),
+                                    encode_lag=lag))
+            # The env thread waits inside the encoders' take_result: after the (lag + 1)-th step, for the first
+            # frame's bytes; nothing but AttemptStarted went downstream.
+            await until(lambda: env_thread_waits_in("take_result"))
+            assert len(steps_taken) == lag + 1
+            assert receive.statistics().current_buffer_used <= 1
+            release.set()
+            records = await drain(receive)
+    assert len(steps_taken) == STEPS and sum(isinstance(r, EncodedFrame) for r in records) == STEPS
 
 
 async def test_step_stop_ends_in_flight_attempts_as_interrupted():
@@ -259,7 +310,7 @@ async def test_step_stop_ends_in_flight_attempts_as_interrupted():
     assign_send.close()
     (ended,) = [r for r in records if isinstance(r, AttemptEnded)]
     assert ended.result.terminal_reason.value == "interrupted" and not ended.result.committable
-    assert ended.frames == sum(isinstance(r, Frame) for r in records) < 10_000
+    assert ended.frames == sum(isinstance(r, EncodedFrame) for r in records) < 10_000
 
 
 def fed(records: list) -> MemoryObjectReceiveStream:

@@ -9,8 +9,8 @@ For ``fetch-pick-place`` (cycles=1, the same episodes and seeds in every row) it
 (``JobRunner`` on a fresh store) with ``depth=false`` and with ``depth=true``, interleaved, ``--repeat`` times
 each, and prints per row: committed frames/s (median and range over the repeats), process CPU ms per frame
 (all threads; hardly depends on the machine's other load, unlike frames/s), each stage's busy seconds per
-frame, and the depth of every inter-stage queue sampled every 20 ms (mean and max; a stalled encoder fills
-``step->encode`` up to ``--queue-frames``). A second table times the encoders alone on frames captured
+frame, and the depth of every inter-stage queue sampled every 20 ms (mean and max; a stalled encoder holds
+its env worker back). A second table times the encoders alone on frames captured
 from one episode: RGB (the job's codec) against depth (LeRobot's quantizer + lossless x265 gray12le).
 
 The lerobot/torch import that a depth job needs (LeRobot's quantizer) is done once before timing: it is a

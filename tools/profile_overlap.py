@@ -59,7 +59,7 @@ def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
 
     entry = get_task(task)
     build = entry.build
-    flush = step_stage._EnvThread._flush
+    flush = step_stage._EnvThread._send_batch
 
     def timed_flush(self: Any) -> None:
         wall = time.perf_counter()
@@ -67,7 +67,7 @@ def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
         timed["handoff_wall"] += time.perf_counter() - wall
         timed["handoffs"] += 1
 
-    step_stage._EnvThread._flush = timed_flush  # type: ignore[method-assign]
+    step_stage._EnvThread._send_batch = timed_flush  # type: ignore[method-assign]
     object.__setattr__(entry, "build", lambda options=None: Timed(build(options)))
     wall, cpu = time.perf_counter(), time.process_time()
     if mode == "env-only":
@@ -77,11 +77,85 @@ def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
                                     cameras=info.cameras):
             pass
         env.close()
+    elif mode in ("apart", "apart-idle"):
+        encoded = _encode_apart(entry, task, episodes, run_episodes, idle=mode == "apart-idle")
+        timed["encoded_frames"] = encoded
     else:
         run_job(JobSpec(task=task, episodes=episodes), store)
     timed["wall"] = time.perf_counter() - wall
     timed["cpu"] = time.process_time() - cpu
     return timed
+
+
+def _encode_apart(entry: Any, task: str, episodes: int, run_episodes: Any, idle: bool) -> int:
+    """Env only in this process; every frame's images go by pipe to a separate encoder process (the recorder's
+    encoders and statistics, as generate runs them), which takes them in a reader thread and encodes them."""
+    import multiprocessing
+
+    from demoforge.stages.records import AttemptEnded, AttemptStarted, Frame
+
+    info = entry.info({})
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    proc = context.Process(target=_encoder_process, args=(theirs, info.cameras, info.fps, idle), daemon=True)
+    proc.start()
+    env = entry.build({})
+    for record in run_episodes(env, task=task, episodes=episodes, job_seed=0, max_attempts=3, cameras=info.cameras):
+        if isinstance(record, AttemptStarted):
+            ours.send_bytes(b"S")
+        elif isinstance(record, Frame):
+            for camera in info.cameras:
+                ours.send_bytes(b"F" + record.images[camera.name].tobytes())
+        elif isinstance(record, AttemptEnded):
+            ours.send_bytes(b"E")
+    env.close()
+    ours.send_bytes(b"Q")
+    frames = int(ours.recv_bytes())
+    proc.join()
+    return frames
+
+
+def _encoder_process(conn: Any, cameras: Any, fps: int, idle: bool) -> None:
+    import queue
+    import threading
+
+    import numpy as np
+
+    from demoforge.stages.encode import make_recording_encoder
+    from demoforge.stages.settings import VideoSettings
+
+    if idle:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    jobs: queue.Queue[bytes] = queue.Queue(maxsize=64)
+
+    def read() -> None:
+        while True:
+            data = conn.recv_bytes()
+            jobs.put(data)
+            if data == b"Q":
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    settings = VideoSettings()
+    encoders: list[Any] = []
+    frames = 0
+    while True:
+        data = jobs.get()
+        kind = data[:1]
+        if kind == b"S":
+            encoders = [make_recording_encoder(c, fps, settings) for c in cameras]
+            turn = 0
+        elif kind == b"F":
+            camera = cameras[turn % len(cameras)]
+            encoders[turn % len(cameras)].encode(np.frombuffer(data[1:], np.uint8).reshape(camera.shape))
+            turn += 1
+            frames += 1
+        elif kind == b"E":
+            for encoder in encoders:
+                encoder.finish()
+        else:
+            conn.send_bytes(str(frames // max(1, len(cameras))).encode())
+            return
 
 
 def child(mode: str, task: str, episodes: int) -> dict[str, Any]:
@@ -101,16 +175,21 @@ def main() -> None:
     parser.add_argument("--task", default="aloha-transfer-cube", help="task (default: aloha-transfer-cube)")
     parser.add_argument("--episodes", type=int, default=2, help="episodes per run (default: 2)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default: 2)")
-    parser.add_argument("--child", choices=("env-only", "generate"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("env-only", "generate", "apart", "apart-idle"), help=argparse.SUPPRESS)
+    parser.add_argument("--apart", action="store_true",
+                        help="also run env only with the encoders in a separate process fed by pipe, at normal "
+                             "and at idle scheduling priority: what moving the recorder out would leave "
+                             "(default: off)")
     parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("MUJOCO_GL", "egl")
     if args.child:
         print(json.dumps(measure(args.child, args.task, args.episodes, args.store)))
         return
-    runs: dict[str, list[dict[str, Any]]] = {"env-only": [], "generate": []}
+    modes = ["env-only", "generate"] + (["apart", "apart-idle"] if args.apart else [])
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for r in range(args.rounds):
-        for mode in (("env-only", "generate") if r % 2 == 0 else ("generate", "env-only")):
+        for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
             runs[mode].append(child(mode, args.task, args.episodes))
             print(f"round {r + 1} {mode}: wall {runs[mode][-1]['wall']:.2f} s; load {os.getloadavg()[0]:.2f}",
                   file=sys.stderr, flush=True)
@@ -130,6 +209,10 @@ def main() -> None:
     outside = {m: med(m, "wall") - med(m, "step_wall") - med(m, "reset_wall") for m in runs}
     print(f"| outside env.step (executor, records, hand-offs; start-up) | {outside['env-only']:.2f} | "
           f"{outside['generate']:.2f} | {outside['generate'] - outside['env-only']:+.2f} |")
+    for mode in modes[2:]:
+        print(f"{mode} / env only: {med(mode, 'wall') / med('env-only', 'wall'):.3f} "
+              f"(in env.step {med(mode, 'step_wall') - med('env-only', 'step_wall'):+.2f} s, "
+              f"CPU {med(mode, 'cpu'):.2f} s in the env's process)")
     print(f"\ngenerate / env only: {med('generate', 'wall') / med('env-only', 'wall'):.3f}; "
           f"hand-offs: {statistics.median(x['handoffs'] for x in runs['generate']):.0f}; "
           f"load {os.getloadavg()[0]:.2f}")

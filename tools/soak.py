@@ -125,7 +125,7 @@ def soak(args: argparse.Namespace, baseline: tuple[subprocess.Popen, Path, list[
     samples: list[dict[str, float]] = []
     started = time.monotonic()
     last_frames, last_t = 0.0, started
-    print(f"{'t (s)':>7}{'RSS MB':>9}{'frames/s':>10}{'episodes':>10}{'queues (step>enc, enc>wr, wr>commit)':>40}")
+    print(f"{'t (s)':>7}{'RSS MB':>9}{'frames/s':>10}{'episodes':>10}{'queues (enc>wr, wr>commit)':>26}")
     try:
         while time.monotonic() - started < args.duration:
             time.sleep(args.interval)
@@ -140,7 +140,6 @@ def soak(args: argparse.Namespace, baseline: tuple[subprocess.Popen, Path, list[
             frames = m.get("demoforge_frames_total", 0.0)
             sample = {"t": now - started, "rss_mb": rss_mb(proc.pid), "fps": (frames - last_frames) / (now - last_t),
                       "episodes": m.get("demoforge_episodes_committed_total", 0.0),
-                      "q_step_encode": m.get('demoforge_queue_depth{queue="step->encode"}', 0.0),
                       "q_encode_write": m.get('demoforge_queue_depth{queue="encode->write"}', 0.0),
                       "q_write_commit": m.get('demoforge_queue_depth{queue="write->commit"}', 0.0)}
             last_frames, last_t = frames, now
@@ -148,7 +147,7 @@ def soak(args: argparse.Namespace, baseline: tuple[subprocess.Popen, Path, list[
                 baseline[2].append(rss_mb(baseline[0].pid))
             samples.append(sample)
             print(f"{sample['t']:>7.0f}{sample['rss_mb']:>9.1f}{sample['fps']:>10.1f}{sample['episodes']:>10.0f}"
-                  f"{sample['q_step_encode']:>14.0f}{sample['q_encode_write']:>12.0f}{sample['q_write_commit']:>12.0f}",
+                  f"{sample['q_encode_write']:>14.0f}{sample['q_write_commit']:>12.0f}",
                   flush=True)
     finally:
         stop(proc)

@@ -1,4 +1,5 @@
-"""The worker side of a scale-out executor: one env, the executor, and fresh camera encoders per attempt.
+"""The worker side of a scale-out executor: one env, the executor, and the worker's own encoders
+(stages/record_encoder.py, as every env thread of a local job runs them).
 
 A worker runs one leased episode at a time (all its attempts, as the executor retries them) and returns it
 as a stream of bounded :class:`Piece` s: at most ``batch_frames`` encoded frames each, cut at every attempt's
@@ -11,13 +12,11 @@ output depends only on its settings and the frames it is fed.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import socket
 import time
 import traceback
-from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,26 +26,23 @@ from demoforge.pipeline.rerender_spec import RerenderSpec
 from demoforge.pipeline.workers.config import WorkerStartError
 from demoforge.stages.attempts import AttemptLedger, RetryPolicy
 from demoforge.stages.control import ControlSpec
-from demoforge.stages.encode_lanes import LaneSet
+from demoforge.stages.record_encoder import RecordEncoder
 from demoforge.stages.records import (
     AttemptEnded,
     AttemptKey,
     AttemptStarted,
-    CameraTail,
     EncodedFrame,
+    EncodedRecord,
     EpisodeAbandoned,
     EpisodeAssignment,
-    Frame,
     VideoTail,
 )
 from demoforge.stages.settings import VideoSettings
 from demoforge.storage.schema import CameraSpec
 
-PieceRecord = AttemptStarted | EncodedFrame | VideoTail | AttemptEnded | EpisodeAbandoned
 
 # Set in every worker before any simulator is imported (a Ray worker does not inherit the driver's shell).
 MAX_PIECE_BYTES = 8 << 20  # a piece is also cut when its encoded bytes reach this...
-ENCODE_LAG = 2  # frames a camera's encoder may be behind the env
 MAX_PIECE_SECONDS = 0.5  # ...or when it has been filling this long: a slow env still reports progress, so the
 #                          driver can tell a hung worker (no piece within the step timeout) from a slow one
 
@@ -55,7 +51,7 @@ MAX_PIECE_SECONDS = 0.5  # ...or when it has been filling this long: a slow env 
 class Piece:
     """A bounded slice of one lease's output; ``lease_done`` marks the lease's last piece."""
 
-    records: tuple[PieceRecord, ...]
+    records: tuple[EncodedRecord, ...]
     frames: int = 0
     lease_done: bool = False
 
@@ -132,9 +128,9 @@ class EpisodeWorker:
             except Exception as exc:
                 raise WorkerStartError(f"worker {spec.worker} ({where()}) cannot load --driver "
                                        f"{spec.control.driver}: {type(exc).__name__}: {exc}") from None
-        # The encode stage's camera lanes (one thread per camera keeps its frames in order; the lane owns each
-        # attempt's encoder from its first frame to its finish or abort), used here through their blocking calls.
-        self._lanes = self._new_lanes()
+        # The worker's encoders, as an env thread of a local job runs them: one lane per camera, each owning an
+        # attempt's encoder from its first frame to its finish or abort.
+        self._encoder = RecordEncoder(spec.cameras, spec.fps, spec.video)
 
     def _build(self) -> Any:
         from demoforge.pipeline.rerender import build_job_env
@@ -144,25 +140,18 @@ class EpisodeWorker:
     def close(self) -> None:
         if self.env is not None:
             self.env.close()
-        self._lanes.shutdown()
-
-    def _new_lanes(self) -> LaneSet:
-        from demoforge.stages.encode import make_recording_encoder  # by camera kind: RGB or depth
-
-        spec = self.spec
-        return LaneSet({c.name: functools.partial(make_recording_encoder, c, spec.fps, spec.video)
-                        for c in spec.cameras})
+        self._encoder.close()
 
     # ------------------------------------------------------------------------------------ one lease
     def run_lease(self, episode_index: int, first_attempt: int) -> Iterator[Piece]:
         """All attempts of one episode, as pieces; never raises for the episode's own failures.
 
         Frames are encoded in one thread per camera while the env computes the next step (PyAV and MuJoCo
-        release the GIL), at most ``ENCODE_LAG`` frames behind; pieces carry frames in order."""
+        release the GIL), a few frames behind (stages/record_encoder.py); pieces carry records in order."""
         from demoforge.stages.executor import Executor
 
         spec = self.spec
-        out = _PieceBuilder(spec.batch_frames, self._lanes)
+        out = _PieceBuilder(spec.batch_frames)
         attempt = first_attempt
         while True:
             ledger = AttemptLedger()  # the attempt in progress
@@ -173,33 +162,14 @@ class EpisodeWorker:
                                     make_policy=(lambda: self._policy) if self._policy is not None else None)
                 for record in executor.run(_OneEpisode(EpisodeAssignment(episode_index, attempt))):
                     ledger.track(record)
-                    if isinstance(record, AttemptStarted):
-                        out.add(record)
-                        yield out.cut()  # at once: the driver knows which attempt runs
-                    elif isinstance(record, Frame):
-                        self._submit(record)
-                        out.pending.append(record)
-                        out.resolve(keep=ENCODE_LAG)
-                        if out.full():
-                            yield out.cut()
-                    elif isinstance(record, AttemptEnded):
-                        out.resolve(keep=0)
-                        keep = record.result.keeps_data
-                        self._lanes.submit_end(record.key, keep=keep)  # each lane finishes or aborts its encoder
-                        tails = {n: t for n, t in self._lanes.take_result().items() if isinstance(t, CameraTail)}
-                        if keep:
-                            out.add(VideoTail(record.key, {n: t.data for n, t in tails.items()},
-                                              {n: t.stats for n, t in tails.items()}))
-                        out.add(record)
-                        yield out.cut()
-                    else:
-                        out.add(record)
+                    out.add(*self._encoder.feed(record))
+                    if isinstance(record, AttemptEnded):
+                        out.add(*self._encoder.drain())  # the attempt's last frames, its tail and its end
+                    if isinstance(record, (AttemptStarted, AttemptEnded)) or out.full():
+                        yield out.cut()  # at once when an attempt starts or ends: the driver knows what runs
                 break
             except Exception as exc:  # the env, the task or an encoder raised outside the executor's handling
-                # Fresh lanes: the old ones stop and abort the attempt's encoders (a failed lane stays failed).
-                out.pending.clear()
-                self._lanes.shutdown()
-                self._lanes = out.lanes = self._new_lanes()
+                self._encoder.reset()  # drops the frames still encoding; fresh lanes abort the old encoders
                 if not ledger:
                     raise  # not inside an attempt: a worker fault (the driver re-runs the lease elsewhere)
                 (active,) = ledger.in_flight()
@@ -219,14 +189,6 @@ class EpisodeWorker:
                 attempt = then.first_attempt
         yield out.cut(lease_done=True)
 
-    def _submit(self, frame: Frame) -> None:
-        from demoforge.stages.encode import EncoderError
-
-        if set(frame.images) != set(self._lanes.lanes):
-            raise EncoderError(f"frame {frame.step} of {frame.key.episode_id} has cameras {sorted(frame.images)}; "
-                               f"the job declares {sorted(self._lanes.lanes)}")
-        self._lanes.submit_frame(frame.key, frame.images)
-
     def _rebuild(self) -> None:
         """After an unexpected exception the env's state is unknown: start the next attempt on a new one."""
         try:
@@ -237,30 +199,24 @@ class EpisodeWorker:
 
 
 class _PieceBuilder:
-    """The piece being filled: resolved encoded frames in order, and frames still being encoded."""
+    """The piece being filled: encoded records in order, with its frame count and encoded bytes."""
 
-    def __init__(self, batch_frames: int, lanes: LaneSet) -> None:
+    def __init__(self, batch_frames: int) -> None:
         self.batch_frames = batch_frames
-        self.lanes = lanes
-        self.batch: list[PieceRecord] = []
-        self.pending: deque[Frame] = deque()  # submitted to the lanes, results not taken yet
+        self.batch: list[EncodedRecord] = []
         self.frames = 0
         self.size = 0
         self.started = time.monotonic()
         self.sent_frames: dict[AttemptKey, int] = {}
 
-    def add(self, record: PieceRecord) -> None:
-        self.batch.append(record)
-
-    def resolve(self, keep: int) -> None:
-        """Move encoded frames into the batch until at most ``keep`` are still being encoded."""
-        while len(self.pending) > keep:
-            frame = self.pending.popleft()
-            video = {n: v if isinstance(v, bytes) else b"" for n, v in self.lanes.take_result().items()}
-            self.batch.append(EncodedFrame(frame.key, frame.step, frame.state, frame.action, frame.reward,
-                                           frame.annotations, video))
-            self.frames += 1
-            self.size += sum(len(v) for v in video.values())
+    def add(self, *records: EncodedRecord) -> None:
+        for record in records:
+            self.batch.append(record)
+            if isinstance(record, EncodedFrame):
+                self.frames += 1
+                self.size += sum(len(v) for v in record.video.values())
+            elif isinstance(record, VideoTail):
+                self.size += sum(len(v) for v in record.video.values())
 
     def full(self) -> bool:
         return self.frames >= self.batch_frames or self.size >= MAX_PIECE_BYTES or \

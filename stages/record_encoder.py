@@ -1,0 +1,114 @@
+"""A worker's own encoders: the executor's records become encoded records in the worker that made them.
+
+Every executor runs it (env threads in stages/step.py, process workers and Ray actors in
+pipeline/workers/episode_worker.py), so a frame takes one route whatever the executor:
+executor -> :class:`RecordEncoder` -> write -> commit. The camera lanes (stages/encode_lanes.py) encode while
+the env computes the next steps (PyAV and MuJoCo release the GIL); the env runs at most ``lag`` encoder jobs
+ahead of them, and records leave in the order the executor made them.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import deque
+from pathlib import Path
+
+from demoforge.stages.encode import EncoderError, make_recording_encoder
+from demoforge.stages.encode_lanes import LaneSet
+from demoforge.stages.records import (
+    AttemptEnded,
+    CameraTail,
+    EncodedFrame,
+    EncodedRecord,
+    Frame,
+    Record,
+    VideoTail,
+)
+from demoforge.stages.settings import VideoSettings
+from demoforge.storage.schema import CameraSpec
+
+#: Encoder jobs (frames, attempt ends) a worker may run ahead of its encoders before it waits for them.
+DEFAULT_ENCODE_LAG = 8
+
+
+class RecordEncoder:
+    """Encodes one worker's frames through its own camera lanes; blocking, for the worker's thread.
+
+    :meth:`feed` takes the executor's next record and returns the records now complete, in order;
+    :meth:`drain` waits for all of them. After an exception inside an attempt, :meth:`reset` drops what is
+    pending and starts fresh lanes (the old ones abort their encoders). ``delay_s`` slows each encoded frame
+    (the crash tests' ``encode`` stage delay)."""
+
+    def __init__(self, cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings, *,
+                 stats_dir: Path | None = None, lag: int = DEFAULT_ENCODE_LAG, delay_s: float = 0.0,
+                 stop: threading.Event | None = None) -> None:
+        if lag < 0:
+            raise ValueError(f"lag must be >= 0 encoder jobs, got {lag}")
+        self._makers = {c.name: functools.partial(make_recording_encoder, c, fps, settings, stats_dir=stats_dir)
+                        for c in cameras}
+        self.lag = lag
+        self.delay_s = delay_s
+        self._stop = stop or threading.Event()
+        self.lanes = LaneSet(self._makers)
+        self._pending: deque[Record] = deque()  # in the executor's order; frames and ends are lane jobs
+        self._jobs = 0  # lane jobs in _pending
+
+    def feed(self, record: Record) -> list[EncodedRecord]:
+        if isinstance(record, Frame):
+            if set(record.images) != set(self._makers):
+                raise EncoderError(f"frame {record.step} of {record.key.episode_id} has cameras "
+                                   f"{sorted(record.images)}; the job declares {sorted(self._makers)}")
+            self.lanes.submit_frame(record.key, record.images)
+            self._jobs += 1
+        elif isinstance(record, AttemptEnded):
+            self.lanes.submit_end(record.key, keep=record.result.keeps_data)
+            self._jobs += 1
+        self._pending.append(record)
+        return self._resolve(self.lag)
+
+    def drain(self) -> list[EncodedRecord]:
+        return self._resolve(0)
+
+    @property
+    def pending(self) -> int:
+        """Records fed and not yet returned."""
+        return len(self._pending)
+
+    def _resolve(self, keep: int) -> list[EncodedRecord]:
+        out: list[EncodedRecord] = []
+        pending = self._pending
+        while pending and (self._jobs > keep or not isinstance(pending[0], (Frame, AttemptEnded))):
+            record = pending.popleft()
+            if isinstance(record, Frame):
+                self._jobs -= 1
+                video = self.lanes.take_result()
+                if self.delay_s:
+                    self._stop.wait(self.delay_s)
+                out.append(EncodedFrame(record.key, record.step, record.state, record.action, record.reward,
+                                        record.annotations,
+                                        {n: v if isinstance(v, bytes) else b"" for n, v in video.items()}))
+            elif isinstance(record, AttemptEnded):
+                self._jobs -= 1
+                tails = {n: t for n, t in self.lanes.take_result().items() if isinstance(t, CameraTail)}
+                if record.result.keeps_data:
+                    out.append(VideoTail(record.key, {n: t.data for n, t in tails.items()},
+                                         {n: t.stats for n, t in tails.items()}))
+                out.append(record)
+            else:
+                out.append(record)
+        return out
+
+    def reset(self) -> None:
+        """Drop every pending record; fresh lanes replace the old ones (which abort their encoders)."""
+        self._pending.clear()
+        self._jobs = 0
+        self.lanes.shutdown()
+        self.lanes = LaneSet(self._makers)
+
+    def busy_seconds(self) -> dict[str, float]:
+        return self.lanes.busy_seconds()
+
+    def close(self) -> None:
+        """Stop the lanes; encoders of attempts still open are aborted."""
+        self.lanes.shutdown()
