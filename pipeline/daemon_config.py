@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED, JobConfigError, JobSpec, VideoSettings
+from demoforge.pipeline.job import DEFAULT_ENCODER_PROCESS, DEFAULT_MAX_CONSECUTIVE_ABANDONED, JobConfigError, JobSpec, VideoSettings
 from demoforge.pipeline.workers.config import ExecutorConfig, ExecutorError
 from demoforge.stages.control import ControlError, ControlSpec, parse_noise, parse_takeover
 
@@ -50,7 +50,9 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
             "max_consecutive_abandoned": ((int,), "stop when this many episodes in a row were abandoned (0: never)"),
             "executor": ((str,), "where env workers run: thread, process or ray"),
             "keep_failures": ((bool,), "also commit failed attempts as episodes of their own (generate "
-                                       "--keep-failures); periodic exports take the job's episodes only")},
+                                       "--keep-failures); periodic exports take the job's episodes only"),
+            "encoder_process": ((bool,), "each worker's encoders run in a process of their own (generate "
+                                         "--encoder-process)")},
     "ray": {"address": ((str,), "HOST:PORT or \"auto\" of a running Ray cluster (default: start a local Ray)"),
             "num_workers": ((int,), "Ray actors (default: job.workers)"),
             "cpus_per_worker": ((int, float), "CPUs each actor reserves"),
@@ -132,7 +134,8 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
                        step_timeout_s=float(job.get("step_timeout_seconds", 60.0)),
                        max_consecutive_abandoned=job.get("max_consecutive_abandoned",
                                                          DEFAULT_MAX_CONSECUTIVE_ABANDONED),
-                       control=_control(raw.get("control")), keep_failures=job.get("keep_failures", False))
+                       control=_control(raw.get("control")), keep_failures=job.get("keep_failures", False),
+                       encoder_process=job.get("encoder_process", DEFAULT_ENCODER_PROCESS))
         from demoforge.pipeline.tasks.registry import get_task
 
         get_task(spec.task).resolve_options(spec.task_options)

@@ -240,7 +240,8 @@ class JobRunner:
                     async with assign_recv, enc_send:
                         step = StepSettings(task=spec.task, job_seed=spec.seed, max_attempts=spec.max_attempts,
                                             cameras=info.cameras, fps=info.fps, video=spec.video,
-                                            stats_dir=self.store_dir, num_envs=spec.num_envs,
+                                            stats_dir=self.store_dir, encoder_process=spec.encoder_process,
+                                            num_envs=spec.num_envs,
                                             step_timeout_s=spec.step_timeout_s, send_batch=max(1, q // 4),
                                             control=spec.control, make_policy=self.make_policy,
                                             keep_failures=spec.keep_failures)

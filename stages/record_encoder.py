@@ -16,6 +16,7 @@ from pathlib import Path
 
 from demoforge.stages.encode import EncoderError, make_recording_encoder
 from demoforge.stages.encode_lanes import LaneSet
+from demoforge.stages.encoder_process import EncoderProcess
 from demoforge.stages.records import (
     AttemptEnded,
     CameraTail,
@@ -38,19 +39,22 @@ class RecordEncoder:
     :meth:`feed` takes the executor's next record and returns the records now complete, in order;
     :meth:`drain` waits for all of them. After an exception inside an attempt, :meth:`reset` drops what is
     pending and starts fresh lanes (the old ones abort their encoders). ``delay_s`` slows each encoded frame
-    (the crash tests' ``encode`` stage delay)."""
+    (the crash tests' ``encode`` stage delay). ``apart``: the lanes run in a process of their own
+    (stages/encoder_process.py), not beside the env."""
 
     def __init__(self, cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings, *,
                  stats_dir: Path | None = None, lag: int = DEFAULT_ENCODE_LAG, delay_s: float = 0.0,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, apart: bool = False) -> None:
         if lag < 0:
             raise ValueError(f"lag must be >= 0 encoder jobs, got {lag}")
         self._makers = {c.name: functools.partial(make_recording_encoder, c, fps, settings, stats_dir=stats_dir)
                         for c in cameras}
+        self._new_lanes = functools.partial(EncoderProcess, cameras, fps, settings, stats_dir=stats_dir,
+                                            slots=lag + 2) if apart else functools.partial(LaneSet, self._makers)
         self.lag = lag
         self.delay_s = delay_s
         self._stop = stop or threading.Event()
-        self.lanes = LaneSet(self._makers)
+        self.lanes: LaneSet | EncoderProcess = self._new_lanes()
         self._pending: deque[Record] = deque()  # in the executor's order; frames and ends are lane jobs
         self._jobs = 0  # lane jobs in _pending
 
@@ -104,7 +108,7 @@ class RecordEncoder:
         self._pending.clear()
         self._jobs = 0
         self.lanes.shutdown()
-        self.lanes = LaneSet(self._makers)
+        self.lanes = self._new_lanes()
 
     def busy_seconds(self) -> dict[str, float]:
         return self.lanes.busy_seconds()

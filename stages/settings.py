@@ -16,6 +16,9 @@ DEFAULT_MAX_CONSECUTIVE_ABANDONED = 20
 """A healthy task abandons an episode only when all its attempts fail: with 3 attempts at even a 20% success
 rate per attempt, 20 given episodes are all abandoned with probability 0.512**20, about 1.5e-6; a broken task
 (a crashing env, a wrong option) reaches it within minutes instead of running until stopped."""
+#: Whether a worker's encoders run in a process of their own (stages/encoder_process.py; docs/performance.md
+#: "Where recording slows the simulator" has the measurements behind the default).
+DEFAULT_ENCODER_PROCESS = True
 
 
 class JobConfigError(ValueError):

@@ -170,10 +170,10 @@ def watch(proc: subprocess.Popen[str]) -> tuple[list[str], int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("executor", ["thread", "process"])
+@pytest.mark.parametrize("executor", ["thread", "process", "thread --encoder-process"])
 def test_an_av1_job_runs_no_thread_of_any_process_at_real_time(tmp_path: Path, executor: str) -> None:
     argv = demoforge_argv("generate", "--task", "toy-point", "--episodes", "4", "--store", str(tmp_path / "s"),
-                          "--option", "size=64", "--executor", executor, "--workers", "1")
+                          "--option", "size=64", "--executor", *executor.split(), "--workers", "1")
     # Encoding slowed a little, so the job's encoders are open for a while the test samples.
     proc = subprocess.Popen(argv, env=cli_env(DEMOFORGE_STAGE_DELAY="encode:0.02"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)

@@ -88,18 +88,20 @@ def print_experts(rows: list[dict], seeds: int) -> None:
 def overhead(task: str, episodes: int, repeat: int, options: list[str]) -> None:
     extra = [a for o in options for a in ("--option", o)]
     work = Path(tempfile.mkdtemp(prefix="bench-mw-"))
-    runs: dict[str, list[dict]] = {"env only": [], "generate thread": [], "generate process": []}
+    variants = {f"generate {kind}{', encoders ' + where if where else ''}": (kind, flag)
+                for kind in ("thread", "process")
+                for where, flag in (("", []), ("beside the env", ["--no-encoder-process"]))}
+    runs: dict[str, list[dict]] = {"env only": [], **{name: [] for name in variants}}
     try:
         for round_ in range(repeat):
             log(f"round {round_ + 1}/{repeat}")
             runs["env only"].append(cli("run", "--task", task, "--episodes", str(episodes), "--max-attempts", "1",
                                         *extra))
-            for kind in ("thread", "process"):
-                store = work / kind
+            for name, (kind, flag) in variants.items():
+                store = work / "store"
                 shutil.rmtree(store, ignore_errors=True)
-                runs[f"generate {kind}"].append(cli("generate", "--task", task, "--episodes", str(episodes),
-                                                    "--max-attempts", "1", "--store", str(store),
-                                                    "--executor", kind, *extra))
+                runs[name].append(cli("generate", "--task", task, "--episodes", str(episodes), "--max-attempts", "1",
+                                      "--store", str(store), "--executor", kind, *flag, *extra))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     chosen = {name: median_run(r) for name, r in runs.items()}

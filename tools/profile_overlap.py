@@ -81,7 +81,7 @@ def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
         encoded = _encode_apart(entry, task, episodes, run_episodes, idle=mode == "apart-idle")
         timed["encoded_frames"] = encoded
     else:
-        run_job(JobSpec(task=task, episodes=episodes), store)
+        run_job(JobSpec(task=task, episodes=episodes, encoder_process=mode == "generate-apart"), store)
     timed["wall"] = time.perf_counter() - wall
     timed["cpu"] = time.process_time() - cpu
     return timed
@@ -175,7 +175,10 @@ def main() -> None:
     parser.add_argument("--task", default="aloha-transfer-cube", help="task (default: aloha-transfer-cube)")
     parser.add_argument("--episodes", type=int, default=2, help="episodes per run (default: 2)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default: 2)")
-    parser.add_argument("--child", choices=("env-only", "generate", "apart", "apart-idle"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("env-only", "generate", "generate-apart", "apart", "apart-idle"), help=argparse.SUPPRESS)
+    parser.add_argument("--encoder-process", action="store_true",
+                        help="also run generate with --encoder-process (each worker's encoders in a process of "
+                             "their own; the process CPU column then leaves out that process) (default: off)")
     parser.add_argument("--apart", action="store_true",
                         help="also run env only with the encoders in a separate process fed by pipe, at normal "
                              "and at idle scheduling priority: what moving the recorder out would leave "
@@ -186,7 +189,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.child, args.task, args.episodes, args.store)))
         return
-    modes = ["env-only", "generate"] + (["apart", "apart-idle"] if args.apart else [])
+    modes = (["env-only", "generate"] + (["generate-apart"] if args.encoder_process else [])
+             + (["apart", "apart-idle"] if args.apart else []))
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for r in range(args.rounds):
         for mode in modes[r % len(modes):] + modes[:r % len(modes)]:

@@ -226,7 +226,7 @@ class RemoteExecutor:
                                max_attempts=spec.max_attempts, video=spec.video, cameras=tuple(info.cameras),
                                fps=info.fps, batch_frames=config.batch_frames,
                                task_modules=task_modules_for(get_task(spec.task)), control=spec.control,
-                               keep_failures=spec.keep_failures,
+                               keep_failures=spec.keep_failures, encoder_process=spec.encoder_process,
                                rerender=spec.rerender)
         self.on_event = on_event or (lambda _line: None)
         self.on_workers = on_workers or (lambda _count: None)

@@ -1,0 +1,157 @@
+"""A worker's encoders in a process of their own (stages/encoder_process.py): the same bytes and statistics as
+lanes beside the env, failures that surface as EncoderError, and no process or shared memory left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+import toy_tasks
+from demoforge.stages.encode import EncoderError
+from demoforge.stages.executor import Executor, RangeWorkSource
+from demoforge.stages.record_encoder import RecordEncoder
+from demoforge.stages.records import AttemptEnded, EncodedFrame, Frame, VideoTail
+from demoforge.stages.settings import VideoSettings
+from helpers import decode_frames
+from test_stages import INFO, OPTIONS
+
+H264 = VideoSettings(codec="h264")
+
+
+def toy_records(episodes: int, fail_every: int = 0) -> list:
+    env = toy_tasks.CameraPointEnv({**OPTIONS, "fail_every": fail_every})
+    try:
+        return list(Executor(env, task="toy-point", max_attempts=2, cameras=INFO.cameras)
+                    .run(RangeWorkSource(episodes)))
+    finally:
+        env.close()
+
+
+def encode_all(records: list, apart: bool, **kwargs) -> list:
+    encoder = RecordEncoder(INFO.cameras, INFO.fps, H264, apart=apart, **kwargs)
+    try:
+        out = []
+        for record in records:
+            out += encoder.feed(record)
+        return out + encoder.drain()
+    finally:
+        encoder.close()
+        if apart:  # closing ends the encoder process
+            assert encoder.lanes.pid is not None and encoder.lanes._process.poll() is not None
+
+
+def test_encoders_in_their_own_process_give_the_same_bytes_and_statistics_as_beside_the_env():
+    records = toy_records(2, fail_every=2)  # a failed attempt (dropped video) between kept ones
+    beside, apart = encode_all(records, apart=False), encode_all(records, apart=True)
+    assert [type(r) for r in apart] == [type(r) for r in beside]
+    frames = [(a, b) for a, b in zip(apart, beside) if isinstance(a, EncodedFrame)]
+    assert frames and all(a.video == b.video and a.step == b.step for a, b in frames)
+    tails = [(a, b) for a, b in zip(apart, beside) if isinstance(a, VideoTail)]
+    ends = [r for r in apart if isinstance(r, AttemptEnded)]
+    assert any(not r.result.keeps_data for r in ends)  # a dropped attempt came between
+    assert len(tails) == sum(r.result.keeps_data for r in ends) >= 1  # kept attempts only
+    for a, b in tails:
+        assert a.video == b.video
+        for camera in a.stats:
+            for stat in b.stats[camera]:
+                np.testing.assert_array_equal(a.stats[camera][stat], b.stats[camera][stat])
+    # The video decodes to every frame of each kept attempt.
+    for tail in (a for a, _ in tails):
+        data = b"".join(r.video[name] for r in apart if isinstance(r, EncodedFrame) and r.key == tail.key
+                        for name in [INFO.cameras[0].name]) + tail.video[INFO.cameras[0].name]
+        ended = next(r for r in apart if isinstance(r, AttemptEnded) and r.key == tail.key)
+        assert len(decode_frames(data)) == ended.frames
+
+
+def test_a_frame_of_the_wrong_shape_is_refused_before_it_reaches_the_child():
+    (started, frame) = [r for r in toy_records(1)][:2]
+    assert isinstance(frame, Frame)
+    name = INFO.cameras[0].name
+    bad = Frame(frame.key, frame.step, frame.state, frame.action, frame.reward, frame.annotations,
+                {**frame.images, name: frame.images[name][:-1]})
+    encoder = RecordEncoder(INFO.cameras, INFO.fps, H264, apart=True)
+    try:
+        encoder.feed(started)
+        with pytest.raises(EncoderError, match=f"camera '{name}': frame of shape"):
+            encoder.feed(bad)
+    finally:
+        encoder.close()
+
+
+def test_an_encoder_failing_in_the_child_surfaces_as_an_encoder_error_naming_it(tmp_path: Path):
+    records = toy_records(1)
+    encoder = RecordEncoder(INFO.cameras, INFO.fps, H264, apart=True, stats_dir=tmp_path / "missing", lag=0)
+    try:
+        with pytest.raises(Exception, match="missing") as raised:
+            for record in records:
+                encoder.feed(record)
+        assert isinstance(raised.value, EncoderError)
+    finally:
+        encoder.close()
+
+
+def test_a_killed_encoder_process_fails_the_attempt_and_the_next_lanes_work():
+    records = toy_records(1)
+    encoder = RecordEncoder(INFO.cameras, INFO.fps, H264, apart=True, lag=0)
+    try:
+        encoder.feed(records[0])
+        encoder.feed(records[1])
+        pid = encoder.lanes.pid
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(EncoderError, match=rf"encoder process \(pid {pid}\) ended unexpectedly"):
+            for record in records[2:]:
+                encoder.feed(record)
+        encoder.reset()  # what a worker does after an exception inside an attempt
+        out = [o for record in records for o in encoder.feed(record)] + encoder.drain()
+        assert sum(isinstance(r, EncodedFrame) for r in out) == sum(isinstance(r, Frame) for r in records)
+    finally:
+        encoder.close()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_job_with_its_encoders_apart_commits_the_same_bytes_on_every_executor(tmp_path: Path):
+    from demoforge.pipeline.job import JobSpec
+    from demoforge.pipeline.runner import run_job
+    from demoforge.pipeline.workers.config import ExecutorConfig
+    from helpers import committed_files
+
+    def job(name: str, apart: bool, executor: ExecutorConfig | None = None) -> dict:
+        spec = JobSpec(task="toy-point", episodes=3, video=H264, task_options={"size": 32, "steps": 8},
+                       encoder_process=apart)
+        report = run_job(spec, tmp_path / name, executor=executor)
+        assert report.committed_total == 3
+        return committed_files(tmp_path / name)
+
+    beside = job("beside", False)
+    assert job("apart", True) == beside
+    assert job("apart-process", True, ExecutorConfig(kind="process", workers=1)) == beside
+
+
+def test_a_killed_generate_leaves_no_encoder_process_behind(tmp_path: Path):
+    import subprocess
+
+    from helpers import cli_env, demoforge_argv
+
+    argv = demoforge_argv("generate", "--task", "toy-point", "--episodes", "50", "--store", str(tmp_path / "s"),
+                          "--option", "size=32", "--codec", "h264", "--encoder-process")
+    proc = subprocess.Popen(argv, env=cli_env(DEMOFORGE_STAGE_DELAY="encode:0.02"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        job = psutil.Process(proc.pid)
+        children: list[psutil.Process] = []
+        for _ in range(2400):  # until the job's encoder process is up (at most 120 s)
+            children = [c for c in job.children(recursive=True) if "encoder_child" in " ".join(c.cmdline())]
+            if children or proc.poll() is not None:
+                break
+            psutil.wait_procs([job], timeout=0.05)
+        assert children, f"the job should have started an encoder process: {proc.communicate()[1][-2000:]!r}"
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    gone, alive = psutil.wait_procs(children, timeout=60)
+    assert alive == [], f"encoder processes outlived their killed job: {alive}"
