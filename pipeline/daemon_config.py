@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from demoforge.pipeline.job import DEFAULT_ENCODER_PROCESS, DEFAULT_MAX_CONSECUTIVE_ABANDONED, JobConfigError, JobSpec, VideoSettings
+from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED, JobConfigError, JobSpec, VideoSettings
 from demoforge.pipeline.workers.config import ExecutorConfig, ExecutorError
 from demoforge.stages.control import ControlError, ControlSpec, parse_noise, parse_takeover
 
@@ -51,8 +51,8 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
             "executor": ((str,), "where env workers run: thread, process or ray"),
             "keep_failures": ((bool,), "also commit failed attempts as episodes of their own (generate "
                                        "--keep-failures); periodic exports take the job's episodes only"),
-            "encoder_process": ((bool,), "each worker's encoders run in a process of their own (generate "
-                                         "--encoder-process)")},
+            "encoder_process": ((bool, str), "each worker's encoders run in a process of their own: true, false "
+                                              "or \"auto\" (generate --encoder-process)")},
     "ray": {"address": ((str,), "HOST:PORT or \"auto\" of a running Ray cluster (default: start a local Ray)"),
             "num_workers": ((int,), "Ray actors (default: job.workers)"),
             "cpus_per_worker": ((int, float), "CPUs each actor reserves"),
@@ -117,6 +117,14 @@ def _require(raw: Mapping[str, Any], section: str, key: str) -> Any:
         raise DaemonConfigError(f"missing required key {section}.{key} ({_SCHEMA[section][key][1]})") from None
 
 
+def _encoder_process(value: bool | str) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if value != "auto":
+        raise DaemonConfigError(f"job.encoder_process must be true, false or \"auto\", got {value!r}")
+    return None
+
+
 def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
     job, video = raw.get("job", {}), raw.get("video", {})
     episodes = job.get("episodes", "unbounded")
@@ -135,7 +143,7 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
                        max_consecutive_abandoned=job.get("max_consecutive_abandoned",
                                                          DEFAULT_MAX_CONSECUTIVE_ABANDONED),
                        control=_control(raw.get("control")), keep_failures=job.get("keep_failures", False),
-                       encoder_process=job.get("encoder_process", DEFAULT_ENCODER_PROCESS))
+                       encoder_process=_encoder_process(job.get("encoder_process", "auto")))
         from demoforge.pipeline.tasks.registry import get_task
 
         get_task(spec.task).resolve_options(spec.task_options)

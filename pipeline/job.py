@@ -12,7 +12,6 @@ from demoforge.stages.control import ControlError, ControlSpec, check_control, c
 from demoforge.stages.records import EpisodeLayout
 # The job's settings that the stages read; a job is built with them (``JobSpec(..., video=VideoSettings())``).
 from demoforge.stages.settings import (
-    DEFAULT_ENCODER_PROCESS,
     DEFAULT_MAX_CONSECUTIVE_ABANDONED,
     JobConfigError,
     VideoSettings,
@@ -39,8 +38,9 @@ class JobSpec:
     queue_frames: int = 32
     step_timeout_s: float | None = 60.0  # an env call that takes longer aborts the attempt (not in the fingerprint)
     # each worker's encoders run in a process of their own, not beside the env (stages/encoder_process.py);
-    # the bytes are the same either way (not in the fingerprint)
-    encoder_process: bool = DEFAULT_ENCODER_PROCESS
+    # None: when the frames are large enough (stages/settings.py encoders_apart). The bytes are the same either
+    # way (not in the fingerprint)
+    encoder_process: bool | None = None
     # stop when this many episodes in a row were abandoned (0: never); not in the fingerprint
     max_consecutive_abandoned: int = DEFAULT_MAX_CONSECUTIVE_ABANDONED
     control: ControlSpec | None = None  # noise, a driving policy, beta, takeover (stages/control.py)

@@ -3,7 +3,9 @@
 FD is this end of a socket pair to the worker (stages/encoder_process.py), MEMFD the frames' shared memory.
 Messages are pickled tuples between the two processes of one worker (never stored): ``("setup", cameras, fps,
 video settings, statistics folder, slots)`` once, then ``("frame", key, slot)``, ``("end", key, keep)`` and ``("quit",)``;
-back: ``("ok", result, busy seconds)`` per job in order, or ``("error", message)`` once.
+back: ``("ok", result, busy seconds)`` per job in order, or ``("error", exception)`` once (the lane's own
+error, so a full disk stays a ``StorageWriteError``; one that cannot be pickled comes as an ``EncoderError``
+naming it).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import functools
 import mmap
 import os
+import pickle
 import queue
 import sys
 import threading
@@ -43,10 +46,14 @@ def serve(conn: Connection, memfd: int) -> None:
             try:
                 result = lanes.take_result()
                 message: tuple[Any, ...] = ("ok", result, lanes.busy_seconds())
-            except BaseException as exc:  # an encoder failed: the parent raises it at this result
-                message = ("error", str(exc) if isinstance(exc, EncoderError) else f"{type(exc).__name__}: {exc}")
+            except BaseException as exc:  # an encoder failed: the parent raises the same error at this result
+                message = ("error", exc)
             try:
-                conn.send(message)
+                try:
+                    conn.send(message)
+                except (pickle.PicklingError, TypeError, AttributeError):  # an error that cannot cross: named
+                    failure = message[1]
+                    conn.send(("error", EncoderError(f"{type(failure).__name__}: {failure}")))
             except OSError:
                 return  # the parent is gone; the main loop sees it too
             if message[0] == "error":

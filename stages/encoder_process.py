@@ -8,7 +8,8 @@ into a slot of anonymous shared memory (a ring of ``slots``, each reused only af
 short message names the slot; results (encoded bytes, each attempt's tail and statistics) come back over the
 same pipe in job order. The bytes are the lanes' bytes: the same encoders, settings and frame order.
 
-A child that dies, or an encoder that fails in it, surfaces as :class:`EncoderError` at the next result; the
+A child that dies surfaces as :class:`EncoderError` at the next result, an encoder failing in it as the lane's
+own error (an ``EncoderError``, a ``StorageWriteError`` for a full disk), as it would beside the env; the
 child (``python -m demoforge.stages.encoder_child``, a fresh interpreter: it never re-runs the caller's main
 module, and never inherits an EGL context) ends when the parent closes it or dies (its socket reaches end of
 file).
@@ -108,7 +109,8 @@ class EncoderProcess:
         except (EOFError, OSError) as exc:
             raise self._died() from exc
         if message[0] == "error":
-            raise EncoderError(message[1])
+            error = message[1]
+            raise error if isinstance(error, BaseException) else EncoderError(str(error))
         _, result, busy = message
         self._busy = busy
         return dict(result)

@@ -40,7 +40,7 @@ class RecordEncoder:
     :meth:`drain` waits for all of them. After an exception inside an attempt, :meth:`reset` drops what is
     pending and starts fresh lanes (the old ones abort their encoders). ``delay_s`` slows each encoded frame
     (the crash tests' ``encode`` stage delay). ``apart``: the lanes run in a process of their own
-    (stages/encoder_process.py), not beside the env."""
+    (stages/encoder_process.py), not beside the env (a job without cameras starts none)."""
 
     def __init__(self, cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings, *,
                  stats_dir: Path | None = None, lag: int = DEFAULT_ENCODE_LAG, delay_s: float = 0.0,
@@ -50,7 +50,7 @@ class RecordEncoder:
         self._makers = {c.name: functools.partial(make_recording_encoder, c, fps, settings, stats_dir=stats_dir)
                         for c in cameras}
         self._new_lanes = functools.partial(EncoderProcess, cameras, fps, settings, stats_dir=stats_dir,
-                                            slots=lag + 2) if apart else functools.partial(LaneSet, self._makers)
+                                            slots=lag + 2) if apart and cameras else functools.partial(LaneSet, self._makers)
         self.lag = lag
         self.delay_s = delay_s
         self._stop = stop or threading.Event()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from demoforge.storage.schema import VideoIdentity
+from demoforge.storage.schema import CameraSpec, VideoIdentity
 
 CODEC_ALIASES = {"av1": "libsvtav1", "libx264": "h264", "x264": "h264"}
 SUPPORTED_CODECS = ("libsvtav1", "h264", "hevc", "libaom-av1")
@@ -16,13 +16,22 @@ DEFAULT_MAX_CONSECUTIVE_ABANDONED = 20
 """A healthy task abandons an episode only when all its attempts fail: with 3 attempts at even a 20% success
 rate per attempt, 20 given episodes are all abandoned with probability 0.512**20, about 1.5e-6; a broken task
 (a crashing env, a wrong option) reaches it within minutes instead of running until stopped."""
-#: Whether a worker's encoders run in a process of their own (stages/encoder_process.py; docs/performance.md
-#: "Where recording slows the simulator" has the measurements behind the default).
-DEFAULT_ENCODER_PROCESS = True
+#: A job whose cameras have at least this many pixels per frame (all cameras together) runs each worker's
+#: encoders in a process of their own unless told otherwise (stages/encoder_process.py): there it takes 4-10 % off a
+#: real task's wall time (docs/performance.md, "The recorder out of the simulator's process"), while for small
+#: frames the process's start (about half a second of CPU) costs more than it saves.
+ENCODER_PROCESS_MIN_PIXELS = 128 * 128
 
 
 class JobConfigError(ValueError):
     """A job setting is out of range or unknown."""
+
+
+def encoders_apart(choice: bool | None, cameras: tuple[CameraSpec, ...]) -> bool:
+    """Whether a job's workers encode in a process of their own: ``choice`` if given (None: by frame size)."""
+    if choice is not None:
+        return choice and bool(cameras)
+    return sum(c.width * c.height for c in cameras) >= ENCODER_PROCESS_MIN_PIXELS
 
 
 @dataclass(frozen=True)

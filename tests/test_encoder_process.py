@@ -17,6 +17,7 @@ from demoforge.stages.executor import Executor, RangeWorkSource
 from demoforge.stages.record_encoder import RecordEncoder
 from demoforge.stages.records import AttemptEnded, EncodedFrame, Frame, VideoTail
 from demoforge.stages.settings import VideoSettings
+from demoforge.storage.write_errors import StorageWriteError
 from helpers import decode_frames
 from test_stages import INFO, OPTIONS
 
@@ -83,16 +84,33 @@ def test_a_frame_of_the_wrong_shape_is_refused_before_it_reaches_the_child():
         encoder.close()
 
 
-def test_an_encoder_failing_in_the_child_surfaces_as_an_encoder_error_naming_it(tmp_path: Path):
-    records = toy_records(1)
-    encoder = RecordEncoder(INFO.cameras, INFO.fps, H264, apart=True, stats_dir=tmp_path / "missing", lag=0)
-    try:
-        with pytest.raises(Exception, match="missing") as raised:
-            for record in records:
-                encoder.feed(record)
-        assert isinstance(raised.value, EncoderError)
-    finally:
-        encoder.close()
+def test_an_encoder_failing_in_the_child_raises_what_it_raises_beside_the_env(tmp_path: Path):
+    """The lane's own error crosses the process boundary, type and message (a full disk stays a
+    StorageWriteError, which the CLI turns into exit status 4): here the statistics' folder is missing."""
+
+    def failure(apart: bool) -> BaseException:
+        encoder = RecordEncoder(INFO.cameras, INFO.fps, H264, apart=apart, stats_dir=tmp_path / "missing", lag=0)
+        try:
+            with pytest.raises(OSError) as raised:
+                for record in toy_records(1):
+                    encoder.feed(record)
+            return raised.value
+        finally:
+            encoder.close()
+
+    beside, apart = failure(False), failure(True)
+    assert type(apart) is type(beside) and apart.errno == beside.errno
+    assert str(tmp_path / "missing") in str(apart) and str(tmp_path / "missing") in str(beside)
+
+
+def test_a_write_failure_crosses_as_a_storage_write_error_naming_what_and_where():
+    import errno
+    import pickle
+
+    error = StorageWriteError("the frames kept for camera 'cam''s statistics", "/some/store",
+                              OSError(errno.ENOSPC, "No space left on device"))
+    crossed = pickle.loads(pickle.dumps(error))  # what the child's socket does to it
+    assert type(crossed) is StorageWriteError and crossed.errno == errno.ENOSPC and str(crossed) == str(error)
 
 
 def test_a_killed_encoder_process_fails_the_attempt_and_the_next_lanes_work():
@@ -138,7 +156,7 @@ def test_a_killed_generate_leaves_no_encoder_process_behind(tmp_path: Path):
     from helpers import cli_env, demoforge_argv
 
     argv = demoforge_argv("generate", "--task", "toy-point", "--episodes", "50", "--store", str(tmp_path / "s"),
-                          "--option", "size=32", "--codec", "h264", "--encoder-process")
+                          "--option", "size=32", "--codec", "h264", "--encoder-process", "on")
     proc = subprocess.Popen(argv, env=cli_env(DEMOFORGE_STAGE_DELAY="encode:0.02"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
@@ -155,3 +173,14 @@ def test_a_killed_generate_leaves_no_encoder_process_behind(tmp_path: Path):
         proc.wait(timeout=60)
     gone, alive = psutil.wait_procs(children, timeout=60)
     assert alive == [], f"encoder processes outlived their killed job: {alive}"
+
+
+def test_auto_runs_the_encoders_apart_for_frames_of_128x128_pixels_and_more():
+    from demoforge.stages.settings import encoders_apart
+    from demoforge.storage.schema import CameraSpec
+
+    small, large = (CameraSpec("a", 96, 96), CameraSpec("b", 64, 64)), (CameraSpec("a", 224, 224),)
+    assert not encoders_apart(None, small) and encoders_apart(None, large)
+    assert encoders_apart(None, small + (CameraSpec("c", 128, 64),))  # 9216 + 4096 + 8192 pixels: 21504
+    assert encoders_apart(True, small) and not encoders_apart(False, large)
+    assert not encoders_apart(True, ())  # nothing to encode: no process

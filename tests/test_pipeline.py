@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -232,9 +233,11 @@ def test_encoder_failure_surfaces_and_keeps_committed_data(tmp_path, monkeypatch
         return real(self, image)
 
     monkeypatch.setattr(encode.CameraEncoder, "encode", failing)
-    # The job's task group re-raises the stage's own error, typed (the CLI turns it into a few lines).
+    # The job's task group re-raises the stage's own error, typed (the CLI turns it into a few lines). The
+    # encoders run beside the env here, where the patch reaches them (tests/test_encoder_process.py fails one
+    # in its own process).
     with pytest.RaisesGroup(pytest.RaisesExc(encode.EncoderError, match="simulated encoder failure")):
-        run_job(toy(5), store)
+        run_job(dataclasses.replace(toy(5), encoder_process=False), store)
     monkeypatch.undo()
     catalog, staging = open_staging(store)
     assert [r.episode_index for r in catalog.committed()][:2] == [0, 1]

@@ -170,7 +170,7 @@ def watch(proc: subprocess.Popen[str]) -> tuple[list[str], int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("executor", ["thread", "process", "thread --encoder-process"])
+@pytest.mark.parametrize("executor", ["thread", "process", "thread --encoder-process on"])
 def test_an_av1_job_runs_no_thread_of_any_process_at_real_time(tmp_path: Path, executor: str) -> None:
     argv = demoforge_argv("generate", "--task", "toy-point", "--episodes", "4", "--store", str(tmp_path / "s"),
                           "--option", "size=64", "--executor", *executor.split(), "--workers", "1")

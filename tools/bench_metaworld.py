@@ -11,7 +11,8 @@ Run from the repository root (each part on its own, or several)::
 --experts   every task's expert, one attempt per seed, no camera: success rate, mean episode length (steps) of
             the successes, segments per successful episode (mean and range), seconds per task.
 --overhead  one task at its defaults (480x480, shadows): wall time of ``demoforge generate`` (thread and process
-            executors) over ``demoforge run`` (the simulator and expert alone, nothing stored) on the same
+            executors, each with its encoders in a process of their own, the default at this size, and beside
+            the env) over ``demoforge run`` (the simulator and expert alone, nothing stored) on the same
             episodes, side by side in interleaved rounds, with CPU utilisation. Target <= 1.05.
 --mt50      ``demoforge generate --task metaworld-mt50 --episodes 1 --export``: wall time, frames/s, store and
             dataset size (the defaults, or --option to change them).
@@ -90,7 +91,7 @@ def overhead(task: str, episodes: int, repeat: int, options: list[str]) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-mw-"))
     variants = {f"generate {kind}{', encoders ' + where if where else ''}": (kind, flag)
                 for kind in ("thread", "process")
-                for where, flag in (("", []), ("beside the env", ["--no-encoder-process"]))}
+                for where, flag in (("", []), ("beside the env", ["--encoder-process", "off"]))}
     runs: dict[str, list[dict]] = {"env only": [], **{name: [] for name in variants}}
     try:
         for round_ in range(repeat):

@@ -3,7 +3,8 @@
 
 Each round runs the task's episodes twice in fresh processes, interleaved: env only (the executor with
 rendering, frames discarded, as ``demoforge run``) and ``run_job`` (the thread executor: encode, stage,
-commit, as ``demoforge generate``). Inside each, the env is wrapped to time every ``env.step`` (wall and the
+commit, as ``demoforge generate --encoder-process off``; ``--encoder-process`` adds the same with ``on``, and
+``--apart`` env only with its frames piped to a bare encoder process). Inside each, the env is wrapped to time every ``env.step`` (wall and the
 env thread's own CPU) and the step stage's hand-offs to the event loop are timed, so the difference splits
 into: the simulator itself running slower beside the recorder (``in env.step``), the recorder's work on the
 env thread (``outside step``, of which ``hand-offs``), and the rest::
@@ -81,7 +82,8 @@ def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
         encoded = _encode_apart(entry, task, episodes, run_episodes, idle=mode == "apart-idle")
         timed["encoded_frames"] = encoded
     else:
-        run_job(JobSpec(task=task, episodes=episodes, encoder_process=mode == "generate-apart"), store)
+        run_job(JobSpec(task=task, episodes=episodes, encoder_process=mode == "generate-apart"),  # "generate": beside the env
+                store)
     timed["wall"] = time.perf_counter() - wall
     timed["cpu"] = time.process_time() - cpu
     return timed
@@ -177,8 +179,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default: 2)")
     parser.add_argument("--child", choices=("env-only", "generate", "generate-apart", "apart", "apart-idle"), help=argparse.SUPPRESS)
     parser.add_argument("--encoder-process", action="store_true",
-                        help="also run generate with --encoder-process (each worker's encoders in a process of "
-                             "their own; the process CPU column then leaves out that process) (default: off)")
+                        help="also run generate with --encoder-process on (generate-apart: each worker's encoders in "
+                             "a process of their own; its process CPU leaves out that process); generate itself "
+                             "runs them beside the env (default: off)")
     parser.add_argument("--apart", action="store_true",
                         help="also run env only with the encoders in a separate process fed by pipe, at normal "
                              "and at idle scheduling priority: what moving the recorder out would leave "

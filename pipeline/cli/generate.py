@@ -21,7 +21,7 @@ from demoforge.pipeline.cli.common import (
     task_options,
 )
 from demoforge.pipeline.export_child import DEFAULT_PROGRESS_TIMEOUT_S, export_in_child
-from demoforge.pipeline.job import DEFAULT_ENCODER_PROCESS, DEFAULT_MAX_CONSECUTIVE_ABANDONED, JobSpec, VideoSettings
+from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED, JobSpec, VideoSettings
 from demoforge.pipeline.workers.config import ExecutorConfig
 
 # Imported where used: the job runner and the daemon's event log (they load zarr and PyAV) and rich's progress
@@ -58,9 +58,10 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gop", type=int, default=2, help="keyframe interval")
     p.add_argument("--encoder-threads", type=int, default=None,
                    help="threads per camera encoder (None: the codec decides)")
-    p.add_argument("--encoder-process", action=argparse.BooleanOptionalAction, default=DEFAULT_ENCODER_PROCESS,
+    p.add_argument("--encoder-process", choices=("auto", "on", "off"), default="auto",
                    help="run each worker's encoders in a process of their own, so encoding does not slow the "
-                        "simulator's process; the video is byte-identical either way")
+                        "simulator's process (auto: when the cameras have at least 128x128 pixels per frame in "
+                        "all); the video is byte-identical either way (default: auto)")
     p.add_argument("--queue-frames", type=int, default=32, help="capacity of each inter-stage queue")
     p.add_argument("--step-timeout", type=float, default=60.0,
                    help="seconds an env call may take before its attempt is aborted (0: no limit)")
@@ -84,6 +85,9 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(fn=cmd_generate)
 
 
+ENCODER_PROCESS_CHOICES: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
+
+
 def _executor_config(args: argparse.Namespace) -> ExecutorConfig:
     return ExecutorConfig(kind=args.executor, workers=args.workers, ray_address=args.ray_address,
                           cpus_per_worker=args.cpus_per_worker, max_in_flight=args.max_in_flight,
@@ -98,7 +102,7 @@ def _job_spec(args: argparse.Namespace) -> JobSpec:
                    seed=args.seed, max_attempts=args.max_attempts, workers=threads, num_envs=args.num_envs,
                    video=video, queue_frames=args.queue_frames, step_timeout_s=args.step_timeout or None,
                    max_consecutive_abandoned=args.max_consecutive_abandoned, control=control_spec(args),
-                   keep_failures=args.keep_failures, encoder_process=args.encoder_process)
+                   keep_failures=args.keep_failures, encoder_process=ENCODER_PROCESS_CHOICES[args.encoder_process])
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
