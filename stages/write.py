@@ -36,6 +36,7 @@ from demoforge.stages.records import (
     StagedRecord,
     VideoTail,
 )
+from demoforge.storage.faults import attempt_marks
 from demoforge.storage.staging import ChunkWrites, EpisodeWriter
 from demoforge.storage.store import Store
 
@@ -74,6 +75,8 @@ async def write_stage(receive: MemoryObjectReceiveStream[EncodedRecord], send: M
     writers: dict[AttemptKey, EpisodeWriter] = {}
     camera_stats: dict[AttemptKey, Mapping[str, Mapping[str, np.ndarray]]] = {}
     jobs_send, jobs_recv = anyio.create_memory_object_stream[_IoJob](max(0, io_queue - 1))
+    mark = attempt_marks()  # unset in production: the kill tests' moment "an attempt is mid-episode"
+    workers: dict[AttemptKey, int] = {}
 
     async def intake() -> None:
         async with jobs_send:
@@ -84,12 +87,16 @@ async def write_stage(receive: MemoryObjectReceiveStream[EncodedRecord], send: M
                     await jobs_send.send(_IoJob(functools.partial(
                         store.begin_attempt, writer, episode_index=key.episode_index, attempt=key.attempt,
                         seed=record.seed, row=record.row, worker=record.worker)))
+                    if mark is not None:
+                        workers[key] = record.worker
                 elif isinstance(record, EncodedFrame):
                     writer = writers[record.key]
                     full = writer.add_frame(record.state, record.action, record.reward,
                                             record.annotations.as_tuple())
                     for camera, data in record.video.items():
                         full |= writer.add_video(camera, data)
+                    if mark is not None and writer.frames == 1:
+                        mark(f"frames {record.key.episode_id} {workers.get(record.key, 0)}")
                     if full:
                         writes = writer.take_full()
                         await jobs_send.send(_IoJob(functools.partial(writer.write, writes)))
@@ -102,6 +109,8 @@ async def write_stage(receive: MemoryObjectReceiveStream[EncodedRecord], send: M
                     camera_stats[record.key] = record.stats
                 elif isinstance(record, AttemptEnded):
                     writer = writers.pop(record.key)
+                    if mark is not None:
+                        mark(f"ended {record.key.episode_id}")
                     cameras = camera_stats.pop(record.key, {})
                     if record.result.keeps_data:
                         if writer.frames != record.frames:

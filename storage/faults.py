@@ -4,6 +4,8 @@
   between the fsync and the catalog flip of every commit, so a kill can land in that window; with
   ``DEMOFORGE_WINDOW_MARKS=FILE`` each commit writes its episode id to FILE as its window opens (the moment a
   test kills).
+- ``DEMOFORGE_ATTEMPT_MARKS=FILE``: the write stage appends ``frames EPISODE_ID WORKER`` to FILE when an attempt's
+  first frame reaches it and ``ended EPISODE_ID`` when its end does: a test kills while an attempt is mid-episode.
 - ``DEMOFORGE_EXPORT_PAUSE`` / ``DEMOFORGE_EXPORT_HANG`` / ``DEMOFORGE_EXPORT_HANG_ONCE``: sleep at each step of an
   export, or block at one; the hang creates its file when it blocks, which is the moment a test kills it.
 - ``DEMOFORGE_PRUNE_PAUSE``: seconds between two deletions of a prune.
@@ -47,6 +49,19 @@ def window_pause(seconds: float, what: str) -> Callable[[], None]:
         time.sleep(seconds)
 
     return pause
+
+
+def attempt_marks() -> Callable[[str], None] | None:
+    """With ``DEMOFORGE_ATTEMPT_MARKS=FILE``, a function appending one line to FILE (None when unset)."""
+    marks = os.environ.get("DEMOFORGE_ATTEMPT_MARKS")
+    if not marks:
+        return None
+
+    def mark(line: str) -> None:
+        with open(marks, "a") as file:
+            file.write(f"{line}\n")
+
+    return mark
 
 
 EXPORT_STEPS = ("after_links", "after_videos", "after_data", "before_fsync", "before_publish", "after_publish",

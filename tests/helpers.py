@@ -62,6 +62,20 @@ def attempts_now(store: Path, states: tuple[str, ...] | None = None) -> list:
         catalog.close()
 
 
+def attempt_marks_of(store: Path) -> Path:
+    """Where a job on ``store`` marks its attempts: pass ``DEMOFORGE_ATTEMPT_MARKS=str(attempt_marks_of(store))``
+    (storage/faults.py: the write stage notes each attempt's first frame and its end)."""
+    return store.parent / f"{store.name}.marks"
+
+
+def attempts_mid_episode(store: Path) -> dict[str, int]:
+    """The attempts whose first frame reached the write stage and whose end has not: episode id -> worker."""
+    marks = attempt_marks_of(store)
+    lines = [line.split() for line in (marks.read_text().splitlines() if marks.exists() else [])]
+    ended = {f[1] for f in lines if f[0] == "ended"}
+    return {f[1]: int(f[2]) for f in lines if f[0] == "frames" and f[1] not in ended}
+
+
 def kill_after_start(argv: list[str], store: Path, delay_s: float, env: dict[str, str] | None = None,
                      start_timeout_s: float = 120) -> bool:
     """Run ``argv`` (a command writing ``store``), wait until it has created the store's catalog (start-up time

@@ -14,7 +14,7 @@ import pytest
 from demoforge.storage.episode_source import open_episode_source
 from demoforge.storage.lerobot.format import read_sidecar
 from edit_helpers import violations
-from helpers import attempts_now, demoforge_argv, kill_once_started, run_cli
+from helpers import attempt_marks_of, attempts_mid_episode, cli_env, demoforge_argv, kill_once_started, run_cli
 
 pytestmark = pytest.mark.slow  # subprocess jobs of real simulators (the quick tier, -m "not slow", skips them)
 
@@ -87,7 +87,9 @@ def test_new_sizes_cameras_and_variants_with_every_other_column_byte_identical(p
 def test_a_killed_rerender_resumes_and_publishes_each_episode_once(push_run, tmp_path) -> None:
     out, store = tmp_path / "k", tmp_path / "k.store"
     argv = demoforge_argv("rerender", str(push_run / "d"), "--out", str(out), "--option", "image_size=56")
-    killed = kill_once_started(argv, lambda: bool(attempts_now(store)) if store.exists() else False, 0.5)
+    # Killed while an episode is being rerendered (its first frames written, its end not yet).
+    killed = kill_once_started(argv, lambda: bool(attempts_mid_episode(store)), 0,
+                               env=cli_env(DEMOFORGE_ATTEMPT_MARKS=str(attempt_marks_of(store))))
     assert killed and not out.exists()
     done = run_cli("rerender", str(push_run / "d"), "--out", str(out), "--option", "image_size=56")
     assert done.returncode == 0, done.stdout + done.stderr

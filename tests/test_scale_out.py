@@ -30,7 +30,7 @@ from demoforge.storage.store import open_store
 from demoforge.storage.schema import AttemptState
 from demoforge.storage.staging import VIDEO_SHARD_BYTES, staged_episode_ids
 from demoforge.storage.store_verify import verify_store
-from helpers import attempts_now, cli_env, demoforge_argv
+from helpers import attempt_marks_of, attempts_mid_episode, attempts_now, cli_env, demoforge_argv
 
 # The Ray clusters live as long as this file's tests (conftest.ray_nodes, and conftest.ray_token_cluster for the
 # authentication tests): the suite runs with `-n 2 --dist loadfile`, so every test of this file runs in one
@@ -113,29 +113,31 @@ class Generate:
 
 def wait_mid_episode(store: Path, worker: int | None = None, timeout: float = 120,
                      job: subprocess.Popen[str] | None = None) -> bool:
-    """Until an episode is committed and an attempt (of ``worker``, if given) is in the middle of its episode:
-    a staging row opened less than 0.4 s ago. (An older one may belong to an attempt that has ended and waits
-    for its commit; toy episodes take at least 1.2 s, and a row opens with the attempt's first piece.)
+    """Until an episode is committed and an attempt (of ``worker``, if given) is in the middle of its episode: its
+    first frame reached the write stage and its end has not (the job runs with ``DEMOFORGE_ATTEMPT_MARKS``).
     True at that moment; False if ``job`` ended first (a short job on a loaded machine can finish between two
     looks); a job still running without such a moment is an error."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (store / "catalog.sqlite").exists():
-            db = sqlite3.connect(store / "catalog.sqlite", timeout=30)
-            try:
-                committed = db.execute("SELECT COUNT(*) FROM attempts WHERE state = 'committed'").fetchone()[0]
-                staging = [w for (w,) in db.execute("SELECT worker FROM attempts WHERE state = 'staging' AND "
-                                                     "created_at > ?", (time.time() - 0.4,))]
-            except sqlite3.OperationalError:  # the schema is not written yet
-                committed, staging = 0, []
-            finally:
-                db.close()
-            if committed and (staging if worker is None else worker in staging):
-                return True
+        running = set(attempts_mid_episode(store).values())
+        if (running if worker is None else worker in running) and committed_count(store):
+            return True
         if job is not None and job.poll() is not None:
             return False
         time.sleep(0.02)
     raise AssertionError("no attempt in flight within the timeout")
+
+
+def committed_count(store: Path) -> int:
+    if not (store / "catalog.sqlite").exists():
+        return 0
+    db = sqlite3.connect(store / "catalog.sqlite", timeout=30)
+    try:
+        return db.execute("SELECT COUNT(*) FROM attempts WHERE state = 'committed'").fetchone()[0]
+    except sqlite3.OperationalError:  # the schema is not written yet
+        return 0
+    finally:
+        db.close()
 
 
 def gone(pids: list[int], timeout: float) -> bool:
@@ -220,7 +222,8 @@ def test_a_killed_worker_loses_nothing_and_its_attempt_is_rerun(tmp_path, ray_cl
     for run_number in range(3):  # a fresh job when this one ended before the victim was seen mid-episode
         store = tmp_path / f"store-{run_number}"
         run = Generate(*TOY_ARGS, "--store", str(store), *executor_args(kind, ray_cluster),
-                       DEMOFORGE_STAGE_DELAY=SLOW_COMMIT, **machine_with_token(tmp_path))
+                       DEMOFORGE_STAGE_DELAY=SLOW_COMMIT, DEMOFORGE_ATTEMPT_MARKS=str(attempt_marks_of(store)),
+                       **machine_with_token(tmp_path))
         victim = run.worker_pids(2)[0]  # worker 0 is the first to report ready, or worker 1: read its slot
         slot = slot_of(run.lines, victim)
         if wait_mid_episode(store, worker=slot, job=run.proc):
@@ -245,7 +248,7 @@ def test_a_killed_worker_loses_nothing_and_its_attempt_is_rerun(tmp_path, ray_cl
 def test_a_killed_driver_takes_its_workers_along_and_resumes(tmp_path, ray_cluster, toy_clean, kind):
     store = tmp_path / "store"
     args = (*TOY_ARGS, "--store", str(store), *executor_args(kind, ray_cluster))
-    run = Generate(*args, **machine_with_token(tmp_path))
+    run = Generate(*args, DEMOFORGE_ATTEMPT_MARKS=str(attempt_marks_of(store)), **machine_with_token(tmp_path))
     workers = run.worker_pids(2)
     assert wait_mid_episode(store, job=run.proc), "the job ended before an attempt was seen mid-episode"
     run.proc.send_signal(signal.SIGKILL)
@@ -283,7 +286,7 @@ def test_a_lost_node_leaves_the_job_to_the_workers_left(tmp_path, ray_cluster, r
     # after the loss, long enough for the line saying the replacement waits for room.
     run = Generate(*TOY_ARGS, "--option", "step_sleep=0.04", "--store", str(store),
                    *executor_args("ray", ray_cluster), DEMOFORGE_STAGE_DELAY=SLOW_COMMIT,
-                   **machine_with_token(tmp_path))
+                   DEMOFORGE_ATTEMPT_MARKS=str(attempt_marks_of(store)), **machine_with_token(tmp_path))
     pids = run.worker_pids(2)
     (victim,) = set(pids) & set(ray_nodes.pids())  # the actor on the node besides the head
     slot = slot_of(run.lines, victim)
