@@ -5,8 +5,9 @@
     plan ──assignments──> workers (K env threads, or remote workers) ──encoded──> write ──staged──> commit
 
 Every worker steps its env and encodes its own frames (stages/record_encoder.py), local or remote: a frame
-takes one route whatever the executor. Every stream is bounded (``queue_frames`` items), so a slow stage blocks the ones before it, back to the env
-workers: nothing is dropped and memory is bounded by the queues, not by episode or job length.
+takes one route whatever the executor. Every stream is bounded (``queue_frames`` items), so a slow stage
+blocks the ones before it, back to the env workers: nothing is dropped and memory is bounded by the queues,
+not by episode or job length.
 """
 
 from __future__ import annotations
@@ -241,9 +242,10 @@ class JobRunner:
                     async with assign_recv, enc_send:
                         step = StepSettings(task=spec.task, job_seed=spec.seed, max_attempts=spec.max_attempts,
                                             cameras=info.cameras, fps=info.fps, video=spec.video,
-                                            stats_dir=self.store_dir, encoder_process=encoders_apart(spec.encoder_process, info.cameras),
-                                            num_envs=spec.num_envs,
-                                            step_timeout_s=spec.step_timeout_s, send_batch=max(1, q // 4),
+                                            stats_dir=self.store_dir,
+                                            encoder_process=encoders_apart(spec.encoder_process, info.cameras),
+                                            num_envs=spec.num_envs, step_timeout_s=spec.step_timeout_s,
+                                            send_batch=max(1, q // 4),
                                             control=spec.control, make_policy=self.make_policy,
                                             keep_failures=spec.keep_failures)
                         make_env = functools.partial(build_job_env, self.entry, spec.task_options, spec.rerender)

@@ -13,6 +13,7 @@ The encoders of a recorded attempt also keep the pixels LeRobot's episode statis
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,6 +206,30 @@ def make_recording_encoder(camera: CameraSpec, fps: int, settings: VideoSettings
     return RecordingEncoder(make_encoder(camera, fps, settings, depth), stats_dir)
 
 
+LaneResult = Mapping[str, bytes | CameraTail | None]  # one job's result of every camera lane
+
+
+def check_cameras(frame: Frame, declared: Collection[str]) -> None:
+    """A frame carries exactly the job's cameras, or the job stops here with the camera names."""
+    if set(frame.images) != set(declared):
+        raise EncoderError(f"frame {frame.step} of {frame.key.episode_id} has cameras {sorted(frame.images)}; "
+                           f"the job declares {sorted(declared)}")
+
+
+def encoded_frame(frame: Frame, video: LaneResult) -> EncodedFrame:
+    """The frame with its images replaced by each camera's bytes (empty while an encoder buffers)."""
+    return EncodedFrame(frame.key, frame.step, frame.state, frame.action, frame.reward, frame.annotations,
+                        {name: data if isinstance(data, bytes) else b"" for name, data in video.items()})
+
+
+def video_tail(ended: AttemptEnded, results: LaneResult) -> VideoTail | None:
+    """What a kept attempt's encoders handed over at its end (its last bytes and statistics); None otherwise."""
+    if not ended.result.keeps_data:
+        return None
+    tails = {name: tail for name, tail in results.items() if isinstance(tail, CameraTail)}
+    return VideoTail(ended.key, {n: t.data for n, t in tails.items()}, {n: t.stats for n, t in tails.items()})
+
+
 @dataclass(frozen=True, eq=False)
 class _FrameSlot:
     """A frame whose images went to the lanes: what its EncodedFrame needs besides the video."""
@@ -239,9 +264,7 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
         async with slots_send:
             async for record in receive:
                 if isinstance(record, Frame):
-                    if set(record.images) != set(specs):
-                        raise EncoderError(f"frame {record.step} of {record.key.episode_id} has cameras "
-                                           f"{sorted(record.images)}; the job declares {sorted(specs)}")
+                    check_cameras(record, specs)
                     lanes.submit_frame(record.key, record.images)
                     await slots_send.send(_FrameSlot(record))
                 else:
@@ -254,18 +277,14 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
         try:
             async for slot in slots_recv:
                 if isinstance(slot, _FrameSlot):
-                    r = slot.record
                     video = await lanes.next_result()
                     if delay_s:
                         await anyio.sleep(delay_s)
-                    await send.send(EncodedFrame(r.key, r.step, r.state, r.action, r.reward, r.annotations,
-                                                 {name: data if isinstance(data, bytes) else b""
-                                                  for name, data in video.items()}))
+                    await send.send(encoded_frame(slot.record, video))
                 elif isinstance(slot, AttemptEnded):
-                    ended = {n: t for n, t in (await lanes.next_result()).items() if isinstance(t, CameraTail)}
-                    if slot.result.keeps_data:
-                        await send.send(VideoTail(slot.key, {n: t.data for n, t in ended.items()},
-                                                  {n: t.stats for n, t in ended.items()}))
+                    tail = video_tail(slot, await lanes.next_result())
+                    if tail is not None:
+                        await send.send(tail)
                     await send.send(slot)
                 else:
                     await send.send(slot)

@@ -2,8 +2,8 @@
 
 FD is this end of a socket pair to the worker (stages/encoder_process.py), MEMFD the frames' shared memory.
 Messages are pickled tuples between the two processes of one worker (never stored): ``("setup", cameras, fps,
-video settings, statistics folder, slots)`` once, then ``("frame", key, slot)``, ``("end", key, keep)`` and ``("quit",)``;
-back: ``("ok", result, busy seconds)`` per job in order, or ``("error", exception)`` once (the lane's own
+video settings, statistics folder, slots)`` once, then ``("frame", key, slot)``, ``("end", key, keep)`` and
+``("quit",)``; back: ``("ok", result, busy seconds)`` per job in order, or ``("error", exception)`` once (the lane's own
 error, so a full disk stays a ``StorageWriteError``; one that cannot be pickled comes as an ``EncoderError``
 naming it).
 """

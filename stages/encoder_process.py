@@ -4,9 +4,9 @@ Beside the env, the encoders (SVT-AV1's threads, the statistics' sums, PyAV's ca
 own steps: they contend for its interpreter lock and its process's memory. :class:`EncoderProcess` offers
 the blocking half of :class:`~demoforge.stages.encode_lanes.LaneSet` (``submit_frame``, ``submit_end``,
 ``take_result``, ``shutdown``) and runs a real ``LaneSet`` in a child process: each frame's images are copied
-into a slot of anonymous shared memory (a ring of ``slots``, each reused only after its frame's result came back) and a
-short message names the slot; results (encoded bytes, each attempt's tail and statistics) come back over the
-same pipe in job order. The bytes are the lanes' bytes: the same encoders, settings and frame order.
+into a slot of anonymous shared memory (a ring of ``slots``, each reused only after its frame's result came
+back) and a short message names the slot; results (encoded bytes, each attempt's tail and statistics) come back
+over the same socket in job order. The bytes are the lanes' bytes: the same encoders, settings and frame order.
 
 A child that dies surfaces as :class:`EncoderError` at the next result, an encoder failing in it as the lane's
 own error (an ``EncoderError``, a ``StorageWriteError`` for a full disk), as it would beside the env; the
@@ -53,8 +53,7 @@ class EncoderProcess:
 
     def __init__(self, cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings, *,
                  stats_dir: Path | None = None, slots: int = 16) -> None:
-        self.cameras = cameras
-        self.lanes = {c.name: c for c in cameras}  # what a LaneSet's callers read: the camera names
+        self._cameras = {c.name: c for c in cameras}
         self._layout, self._slot_bytes = frame_layout(cameras)
         self._slots = slots
         # Anonymous shared memory (memfd): no name to clean up, freed when both processes have closed it.
@@ -90,7 +89,7 @@ class EncoderProcess:
         base = slot * self._slot_bytes
         for name, (offset, dtype) in self._layout.items():
             image = np.asarray(images[name])
-            camera = self.lanes[name]
+            camera = self._cameras[name]
             if image.shape != camera.shape or image.dtype != dtype:
                 raise EncoderError(f"camera {name!r}: frame of shape {image.shape} {image.dtype}, the job declares "
                                    f"{camera.shape} {dtype}")

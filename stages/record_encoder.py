@@ -12,20 +12,13 @@ from __future__ import annotations
 import functools
 import threading
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
-from demoforge.stages.encode import EncoderError, make_recording_encoder
+from demoforge.stages.encode import check_cameras, encoded_frame, make_recording_encoder, video_tail
 from demoforge.stages.encode_lanes import LaneSet
 from demoforge.stages.encoder_process import EncoderProcess
-from demoforge.stages.records import (
-    AttemptEnded,
-    CameraTail,
-    EncodedFrame,
-    EncodedRecord,
-    Frame,
-    Record,
-    VideoTail,
-)
+from demoforge.stages.records import AttemptEnded, EncodedRecord, Frame, Record
 from demoforge.stages.settings import VideoSettings
 from demoforge.storage.schema import CameraSpec
 
@@ -49,8 +42,12 @@ class RecordEncoder:
             raise ValueError(f"lag must be >= 0 encoder jobs, got {lag}")
         self._makers = {c.name: functools.partial(make_recording_encoder, c, fps, settings, stats_dir=stats_dir)
                         for c in cameras}
-        self._new_lanes = functools.partial(EncoderProcess, cameras, fps, settings, stats_dir=stats_dir,
-                                            slots=lag + 2) if apart and cameras else functools.partial(LaneSet, self._makers)
+        self._new_lanes: Callable[[], LaneSet | EncoderProcess]
+        if apart and cameras:
+            self._new_lanes = functools.partial(EncoderProcess, cameras, fps, settings, stats_dir=stats_dir,
+                                                slots=lag + 2)
+        else:
+            self._new_lanes = functools.partial(LaneSet, self._makers)
         self.lag = lag
         self.delay_s = delay_s
         self._stop = stop or threading.Event()
@@ -60,9 +57,7 @@ class RecordEncoder:
 
     def feed(self, record: Record) -> list[EncodedRecord]:
         if isinstance(record, Frame):
-            if set(record.images) != set(self._makers):
-                raise EncoderError(f"frame {record.step} of {record.key.episode_id} has cameras "
-                                   f"{sorted(record.images)}; the job declares {sorted(self._makers)}")
+            check_cameras(record, self._makers)
             self.lanes.submit_frame(record.key, record.images)
             self._jobs += 1
         elif isinstance(record, AttemptEnded):
@@ -74,11 +69,6 @@ class RecordEncoder:
     def drain(self) -> list[EncodedRecord]:
         return self._resolve(0)
 
-    @property
-    def pending(self) -> int:
-        """Records fed and not yet returned."""
-        return len(self._pending)
-
     def _resolve(self, keep: int) -> list[EncodedRecord]:
         out: list[EncodedRecord] = []
         pending = self._pending
@@ -89,15 +79,12 @@ class RecordEncoder:
                 video = self.lanes.take_result()
                 if self.delay_s:
                     self._stop.wait(self.delay_s)
-                out.append(EncodedFrame(record.key, record.step, record.state, record.action, record.reward,
-                                        record.annotations,
-                                        {n: v if isinstance(v, bytes) else b"" for n, v in video.items()}))
+                out.append(encoded_frame(record, video))
             elif isinstance(record, AttemptEnded):
                 self._jobs -= 1
-                tails = {n: t for n, t in self.lanes.take_result().items() if isinstance(t, CameraTail)}
-                if record.result.keeps_data:
-                    out.append(VideoTail(record.key, {n: t.data for n, t in tails.items()},
-                                         {n: t.stats for n, t in tails.items()}))
+                tail = video_tail(record, self.lanes.take_result())
+                if tail is not None:
+                    out.append(tail)
                 out.append(record)
             else:
                 out.append(record)

@@ -110,6 +110,7 @@ async def write_stage(receive: MemoryObjectReceiveStream[EncodedRecord], send: M
                 elif isinstance(record, AttemptEnded):
                     writer = writers.pop(record.key)
                     if mark is not None:
+                        workers.pop(record.key, None)
                         mark(f"ended {record.key.episode_id}")
                     cameras = camera_stats.pop(record.key, {})
                     if record.result.keeps_data:

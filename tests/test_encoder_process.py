@@ -1,5 +1,5 @@
 """A worker's encoders in a process of their own (stages/encoder_process.py): the same bytes and statistics as
-lanes beside the env, failures that surface as EncoderError, and no process or shared memory left behind."""
+lanes beside the env, the same errors, and no process left behind."""
 
 from __future__ import annotations
 
@@ -11,26 +11,15 @@ import numpy as np
 import psutil
 import pytest
 
-import toy_tasks
 from demoforge.stages.encode import EncoderError
-from demoforge.stages.executor import Executor, RangeWorkSource
 from demoforge.stages.record_encoder import RecordEncoder
 from demoforge.stages.records import AttemptEnded, EncodedFrame, Frame, VideoTail
 from demoforge.stages.settings import VideoSettings
 from demoforge.storage.write_errors import StorageWriteError
 from helpers import decode_frames
-from test_stages import INFO, OPTIONS
+from test_stages import INFO, toy_records
 
 H264 = VideoSettings(codec="h264")
-
-
-def toy_records(episodes: int, fail_every: int = 0) -> list:
-    env = toy_tasks.CameraPointEnv({**OPTIONS, "fail_every": fail_every})
-    try:
-        return list(Executor(env, task="toy-point", max_attempts=2, cameras=INFO.cameras)
-                    .run(RangeWorkSource(episodes)))
-    finally:
-        env.close()
 
 
 def encode_all(records: list, apart: bool, **kwargs) -> list:
@@ -47,7 +36,7 @@ def encode_all(records: list, apart: bool, **kwargs) -> list:
 
 
 def test_encoders_in_their_own_process_give_the_same_bytes_and_statistics_as_beside_the_env():
-    records = toy_records(2, fail_every=2)  # a failed attempt (dropped video) between kept ones
+    records = toy_records(2, fail_every=2, max_attempts=2)  # a failed attempt (dropped video) between kept ones
     beside, apart = encode_all(records, apart=False), encode_all(records, apart=True)
     assert [type(r) for r in apart] == [type(r) for r in beside]
     frames = [(a, b) for a, b in zip(apart, beside) if isinstance(a, EncodedFrame)]

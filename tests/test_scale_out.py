@@ -648,7 +648,7 @@ def test_ray_actors_make_the_same_policy_driven_episodes_as_threads(tmp_path, ra
 
 # ------------------------------------------------------------------------------------------ the worker's encoders
 def test_an_encoder_failure_in_a_worker_fails_that_attempt_and_the_next_one_encodes_afresh(monkeypatch):
-    """A remote worker encodes through the encode stage's camera lanes. An encoder that raises mid-attempt ends
+    """A remote worker encodes through its own RecordEncoder, as env threads do. An encoder that raises mid-attempt ends
     that attempt as an error naming the worker (its frames never reach the driver), the lanes are replaced, and
     the next attempt's frames and video tail come whole from fresh encoders (their bytes decode to every frame)."""
     from demoforge.pipeline.workers.episode_worker import EpisodeWorker, WorkerSpec

@@ -227,7 +227,8 @@ class RemoteExecutor:
                                max_attempts=spec.max_attempts, video=spec.video, cameras=tuple(info.cameras),
                                fps=info.fps, batch_frames=config.batch_frames,
                                task_modules=task_modules_for(get_task(spec.task)), control=spec.control,
-                               keep_failures=spec.keep_failures, encoder_process=encoders_apart(spec.encoder_process, info.cameras),
+                               keep_failures=spec.keep_failures,
+                               encoder_process=encoders_apart(spec.encoder_process, info.cameras),
                                rerender=spec.rerender)
         self.on_event = on_event or (lambda _line: None)
         self.on_workers = on_workers or (lambda _count: None)

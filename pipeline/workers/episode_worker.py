@@ -40,8 +40,6 @@ from demoforge.stages.records import (
 from demoforge.stages.settings import VideoSettings
 from demoforge.storage.schema import CameraSpec
 
-
-# Set in every worker before any simulator is imported (a Ray worker does not inherit the driver's shell).
 MAX_PIECE_BYTES = 8 << 20  # a piece is also cut when its encoded bytes reach this...
 MAX_PIECE_SECONDS = 0.5  # ...or when it has been filling this long: a slow env still reports progress, so the
 #                          driver can tell a hung worker (no piece within the step timeout) from a slow one
@@ -70,6 +68,7 @@ class WorkerSpec:
     batch_frames: int
     worker: int = 0
     task_modules: tuple[str, ...] = ()  # imported before the task is looked up (plugins register tasks)
+    # set in every worker before any simulator is imported (a Ray worker does not inherit the driver's shell)
     environment: Mapping[str, str] = field(default_factory=lambda: dict(WORKER_ENVIRONMENT))
     control: ControlSpec | None = None  # who drives (stages/control.py)
     keep_failures: bool = False  # failed attempts end kept (stages/executor.py Executor)
