@@ -14,6 +14,7 @@ import numpy as np
 
 from demoforge.storage.paths import CATALOG_FILE
 from demoforge.storage.depth import COLOUR_PERCENTILES, colourise, decode_codes, dequantize
+from demoforge.storage.episode_source import ReplayDatasetSource
 from demoforge.storage.lerobot.format import INFO, SIDECAR, read_sidecar
 from demoforge.storage.store import open_store
 from demoforge.storage.schema import READABLE_STATES, AttemptState
@@ -113,23 +114,29 @@ def _inspect_dataset(path: Path, with_frames: bool, max_episodes: int) -> Inspec
     result = Inspection(str(path), "dataset", episodes=records, failed=kept, outcomes={
         "exported": len(records), **Counter(f"kept_failure:{r.get('terminal_reason')}" for r in kept)})
     if with_frames and records:
-        from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
-        dataset = LeRobotDataset(repo_id=f"local/{path.name}", root=path, video_backend="pyav",
-                                 depth_output_unit="m")
-        key = next((k for k in dataset.meta.video_keys if k not in dataset.meta.depth_keys), None)
-        depth_key = next(iter(dataset.meta.depth_keys), None)
-        if key or depth_key:
-            for record in records[:max_episodes]:
-                start = int(dataset.meta.episodes[record["dataset_episode_index"]]["dataset_from_index"])
-                frames, depths = {}, {}
-                for step in _boundary_steps(record):
-                    item = dataset[start + step]
+        # The exported videos decoded here as LeRobot decodes them (the same bytes as staged: export remuxes),
+        # without importing LeRobot and torch (about 8 s of a plot's 10).
+        source = ReplayDatasetSource(path)
+        try:
+            schema = source.schema
+            key = next((c[0] for c in schema.cameras if c[0] not in schema.depth_cameras), None)
+            depth_key = next(iter(schema.depth_cameras), None) if schema.depth_video is not None else None
+            if key or depth_key:
+                refs = {ref.number: ref for ref in source.episodes()}
+                for record in records[:max_episodes]:
+                    episode = source.load(refs[int(record["dataset_episode_index"])])
+                    steps = _boundary_steps(record)
+                    frames, depths = {}, {}
                     if key:
-                        frames[step] = (item[key].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-                    if depth_key:
-                        depths[step] = item[depth_key].numpy()[0]
-                _add_boundary_frames(result, record, frames, depths)
+                        decoded = source.camera_frames(episode, key)
+                        frames = {step: decoded[step] for step in steps if step < len(decoded)}
+                    if depth_key and schema.depth_video is not None:
+                        codes = source.depth_codes(episode, depth_key)
+                        depths = {step: dequantize(codes[step], schema.depth_video) for step in steps
+                                  if step < len(codes)}
+                    _add_boundary_frames(result, record, frames, depths)
+        finally:
+            source.close()
     return result
 
 

@@ -40,6 +40,7 @@ def catalog_rows(store):
         return view.catalog.committed(), view.catalog.attempts((AttemptState.STAGING,)), view.catalog.summary()
 
 
+@pytest.mark.campaign  # random kill moments (tools/crash_campaign.py is the long one); the suite's kill tests kill at events
 def test_sigkill_at_random_moments_never_loses_or_alters_committed_episodes(tmp_path):
     """The invariants are storage/crash_invariants.py's, the same ones tools/crash_campaign.py checks."""
     rng = random.Random(1234)

@@ -250,8 +250,10 @@ def test_validate_checks_depth_streams(depth_run: DepthRun, tmp_path: Path) -> N
 def test_inspect_plot_shows_depth_next_to_rgb(depth_run: DepthRun, tmp_path: Path) -> None:
     from demoforge.storage.inspect import draw, inspect_path
 
+    shown = {}
     for source in (depth_run.store, depth_run.dataset):
         result = inspect_path(source, with_frames=True, max_episodes=1)
+        shown[source] = result.frames
         frames = result.frames["0:reach_0"]
         assert len(frames) == 4  # RGB then depth, at the segment's first and last frame
         rgb_first, depth_first = frames[0], frames[1]
@@ -259,6 +261,11 @@ def test_inspect_plot_shows_depth_next_to_rgb(depth_run: DepthRun, tmp_path: Pat
         assert not np.array_equal(rgb_first, depth_first)
         assert len(np.unique(depth_first.reshape(-1, 3), axis=0)) > 10  # colour-mapped, not flat
         assert draw(result, tmp_path / f"{source.name}.png").stat().st_size > 0
+    # The export remuxes the staged streams: the dataset shows the store's pixels, depth's colours included.
+    store_frames, dataset_frames = shown[depth_run.store], shown[depth_run.dataset]
+    assert store_frames.keys() == dataset_frames.keys()
+    for name, frames in store_frames.items():
+        assert all(np.array_equal(a, b) for a, b in zip(frames, dataset_frames[name], strict=True)), name
 
 
 def test_online_sampler_reads_depth_in_metres(depth_run: DepthRun) -> None:
@@ -414,7 +421,7 @@ def test_bad_depth_ends_the_attempt_with_a_typed_error_and_stages_nothing(tmp_pa
 
 
 # ------------------------------------------------------------------------------------------- kill -9
-@pytest.mark.slow
+@pytest.mark.campaign  # random kill moments; the suite's kill tests (no depth) kill at events
 def test_sigkill_with_depth_resumes_to_a_clean_runs_content(tmp_path: Path) -> None:
     """SIGKILL `demoforge generate` with depth on at random moments, resume: committed episodes never change,
     and the resumed store holds exactly what an uninterrupted run holds (content hashes)."""

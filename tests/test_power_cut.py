@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import toy_tasks  # noqa: F401
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from helpers import REPO, cli_env, demoforge_argv
@@ -89,6 +91,7 @@ def test_a_catalog_commit_is_durable_as_soon_as_it_returns(tmp_path):
     assert [(r.episode_id, r.state.value, r.reason) for r in rows] == [("ep00000000-a00", "discarded", "test")]
 
 
+@pytest.mark.campaign  # tools/power_cut.py's campaign; the suite keeps the cuts at the moments it found
 def test_short_power_cut_campaign(tmp_path):
     report_path = tmp_path / "report.json"
     started = time.monotonic()

@@ -28,6 +28,7 @@ def load(root: Path, backend: str = "pyav"):
     return LeRobotDataset("local/repaired", root=root, video_backend=backend)
 
 
+@pytest.mark.campaign  # real kills at random moments; the suite repairs a crashed recording cut at known points
 def test_real_kills_of_lerobots_writer_are_repaired_with_every_saved_episode(tmp_path: Path) -> None:
     """tools/lerobot_kill_harness.py SIGKILLs a LeRobotDataset recording loop (PNG frames with batch encoding,
     whose saved episodes exist only as PNGs: a footer-less data file and videos to encode) and checks the repair:

@@ -199,6 +199,7 @@ def test_process_and_ray_executors_commit_what_a_thread_run_commits(tmp_path, ra
         assert report.status == 0, (kind, report.to_json())
 
 
+@pytest.mark.campaign  # the suite checks a suite job across processes in test_metaworld
 def test_a_suite_job_gives_ray_actors_the_episodes_of_a_thread_run(tmp_path, ray_cluster):
     """A suite's member task is chosen by the episode index in every process: Ray actors commit what threads do."""
     args = ("--task", "metaworld-very-hard", "--episodes", "1", "--option", "camera=none", "--max-attempts", "5")
@@ -212,8 +213,9 @@ def test_a_suite_job_gives_ray_actors_the_episodes_of_a_thread_run(tmp_path, ray
 
 
 # ------------------------------------------------------------------------------------------ kills
-# The Ray variants of the two kill tests are campaign tests (tools/campaign_tests.sh): the suite kills process
-# workers and their driver, and runs Ray actors for equality, policy-driven and suite jobs and a token cluster.
+# The Ray variants of the two kill tests are campaign tests (tools/campaign_tests.sh), as are Ray's policy-driven
+# and suite jobs: the suite kills process workers and their driver, and runs Ray actors for equality, a worker
+# that cannot start or import its task, and a token cluster.
 RAY_KILLS = pytest.param("ray", marks=pytest.mark.campaign)
 
 
@@ -625,6 +627,7 @@ def test_bad_executor_settings_in_the_job_file_are_named(tmp_path, job_extra, ta
     assert message in str(info.value)
 
 
+@pytest.mark.campaign  # the suite checks policy-driven process workers against threads (test_policy_loop)
 def test_ray_actors_make_the_same_policy_driven_episodes_as_threads(tmp_path, ray_cluster) -> None:
     """A policy drives (the expert takes over by its rule) with noise on top: two Ray actors commit exactly the
     episodes one thread does for the same seeds (the policy is loaded in each actor; the noise and the takeover

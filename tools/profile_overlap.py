@@ -70,7 +70,7 @@ def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
 
     step_stage._EnvThread._send_batch = timed_flush  # type: ignore[method-assign]
     object.__setattr__(entry, "build", lambda options=None: Timed(build(options)))
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu, children = time.perf_counter(), time.process_time(), _children_cpu()
     if mode == "env-only":
         env = entry.build({})
         info = entry.info({})
@@ -86,7 +86,15 @@ def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
                 store)
     timed["wall"] = time.perf_counter() - wall
     timed["cpu"] = time.process_time() - cpu
+    timed["cpu_all"] = timed["cpu"] + _children_cpu() - children  # with the encoder process (ended and reaped)
     return timed
+
+
+def _children_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _encode_apart(entry: Any, task: str, episodes: int, run_episodes: Any, idle: bool) -> int:
@@ -220,6 +228,14 @@ def main() -> None:
         print(f"{mode} / env only: {med(mode, 'wall') / med('env-only', 'wall'):.3f} "
               f"(in env.step {med(mode, 'step_wall') - med('env-only', 'step_wall'):+.2f} s, "
               f"CPU {med(mode, 'cpu'):.2f} s in the env's process)")
+    # What two cores allow at best: the run cannot end before its env does, nor before all its CPU work is
+    # done on the machine's cores.
+    cores = len(os.sched_getaffinity(0))
+    for mode in modes[1:]:
+        floor = max(med("env-only", "wall"), med(mode, "cpu_all") / cores)
+        print(f"{mode}: CPU {med(mode, 'cpu_all'):.2f} s in all (env only {med('env-only', 'cpu_all'):.2f} s); "
+              f"floor max(env-only wall, CPU / {cores} cores) = {floor:.2f} s = "
+              f"{floor / med('env-only', 'wall'):.3f} x env only; wall / floor {med(mode, 'wall') / floor:.3f}")
     print(f"\ngenerate / env only: {med('generate', 'wall') / med('env-only', 'wall'):.3f}; "
           f"hand-offs: {statistics.median(x['handoffs'] for x in runs['generate']):.0f}; "
           f"load {os.getloadavg()[0]:.2f}")

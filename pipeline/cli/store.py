@@ -94,10 +94,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from demoforge.storage.episode_source import EpisodeReadError, EpisodeSourceError
     from demoforge.storage.inspect import describe, draw, inspect_path
 
     try:
         result = inspect_path(args.path, with_frames=args.plot is not None)
+    except (EpisodeSourceError, EpisodeReadError) as exc:  # a dataset whose frames --plot cannot read
+        make_console(stderr=True).print(f"demoforge inspect: error: cannot read frames to plot: {exc}", markup=False)
+        return EXIT_USAGE
     except OSError as exc:  # missing, or a name the OS refuses (too long, not a directory)
         make_console(stderr=True).print(f"demoforge inspect: error: {exc}", markup=False)
         return EXIT_USAGE
