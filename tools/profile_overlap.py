@@ -46,7 +46,9 @@ def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
     class Timed(gym.Wrapper):
         def step(self, action: Any) -> Any:
             wall, cpu = time.perf_counter(), time.thread_time()
+            timed.setdefault("first_step_at", wall - started)
             out = self.env.step(action)
+            timed["last_step_at"] = time.perf_counter() - started
             timed["step_wall"] += time.perf_counter() - wall
             timed["step_cpu"] += time.thread_time() - cpu
             timed["steps"] += 1
@@ -71,6 +73,7 @@ def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
     step_stage._EnvThread._send_batch = timed_flush  # type: ignore[method-assign]
     object.__setattr__(entry, "build", lambda options=None: Timed(build(options)))
     wall, cpu, children = time.perf_counter(), time.process_time(), _children_cpu()
+    started = wall
     if mode == "env-only":
         env = entry.build({})
         info = entry.info({})
@@ -85,6 +88,7 @@ def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
         run_job(JobSpec(task=task, episodes=episodes, encoder_process=mode == "generate-apart"),  # "generate": beside the env
                 store)
     timed["wall"] = time.perf_counter() - wall
+    timed["tail"] = timed["wall"] - timed.get("last_step_at", timed["wall"])
     timed["cpu"] = time.process_time() - cpu
     timed["cpu_all"] = timed["cpu"] + _children_cpu() - children  # with the encoder process (ended and reaped)
     return timed
@@ -224,10 +228,15 @@ def main() -> None:
     outside = {m: med(m, "wall") - med(m, "step_wall") - med(m, "reset_wall") for m in runs}
     print(f"| outside env.step (executor, records, hand-offs; start-up) | {outside['env-only']:.2f} | "
           f"{outside['generate']:.2f} | {outside['generate'] - outside['env-only']:+.2f} |")
+    for label, key in (("start to the first env.step", "first_step_at"), ("the last env.step to the end", "tail")):
+        a, b = (med(m, key) for m in ("env-only", "generate"))
+        print(f"| {label} | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
     for mode in modes[2:]:
         print(f"{mode} / env only: {med(mode, 'wall') / med('env-only', 'wall'):.3f} "
               f"(in env.step {med(mode, 'step_wall') - med('env-only', 'step_wall'):+.2f} s, "
-              f"CPU {med(mode, 'cpu'):.2f} s in the env's process)")
+              f"CPU {med(mode, 'cpu'):.2f} s in the env's process; outside env.step {outside[mode]:.2f} s, of which "
+              f"start to the first env.step {med(mode, 'first_step_at'):.2f} s, the last env.step to the end "
+              f"{med(mode, 'tail'):.2f} s)")
     # What two cores allow at best: the run cannot end before its env does, nor before all its CPU work is
     # done on the machine's cores.
     cores = len(os.sched_getaffinity(0))
