@@ -294,6 +294,36 @@ async def test_step_waits_for_its_encoders_once_it_is_encode_lag_jobs_ahead(monk
     assert len(steps_taken) == STEPS and sum(isinstance(r, EncodedFrame) for r in records) == STEPS
 
 
+async def test_step_starts_the_next_episode_while_its_encoders_finish_the_last(monkeypatch):
+    """Work already assigned is taken without draining the encoders: the env steps into episode 1 while not
+    one frame of episode 0 is encoded yet (it used to wait there for the whole attempt's video)."""
+    from demoforge.stages import encode
+
+    release = threading.Event()
+    plain = encode.CameraEncoder.encode
+
+    def held(self, image):
+        release.wait(60)
+        return plain(self, image)
+
+    monkeypatch.setattr(encode.CameraEncoder, "encode", held)
+    assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](2)
+    for index in (0, 1):
+        assign_send.send_nowait(EpisodeAssignment(index))
+    assign_send.close()
+    send, receive = anyio.create_memory_object_stream(100)
+    steps_taken: list[int] = []
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(step_task(step_env_factory(steps_taken), assign_recv, send, threading.Event(),
+                                    encode_lag=4 * STEPS))
+            await until(lambda: len(steps_taken) > STEPS)  # a step of episode 1, episode 0 not encoded
+            release.set()
+            records = await drain(receive)
+    ended = [r.key.episode_index for r in records if isinstance(r, AttemptEnded)]
+    assert ended == [0, 1] and sum(isinstance(r, EncodedFrame) for r in records) == 2 * STEPS
+
+
 async def test_step_stop_ends_in_flight_attempts_as_interrupted():
     assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](1)
     send, receive = anyio.create_memory_object_stream(100)
