@@ -265,8 +265,8 @@ async def test_step_sends_records_in_batches_and_runs_at_most_a_batch_ahead_of_a
     assert [r.step for r in records if isinstance(r, EncodedFrame)] == list(range(STEPS))
 
 
-async def test_step_waits_for_its_encoders_once_it_is_encode_lag_jobs_ahead(monkeypatch):
-    """A slow encoder slows the env: the worker runs at most ``encode_lag`` jobs ahead of its encoders."""
+def hold_encoders(monkeypatch) -> threading.Event:
+    """Every camera encoder waits inside ``encode`` until the returned event is set."""
     from demoforge.stages import encode
 
     release = threading.Event()
@@ -277,6 +277,12 @@ async def test_step_waits_for_its_encoders_once_it_is_encode_lag_jobs_ahead(monk
         return plain(self, image)
 
     monkeypatch.setattr(encode.CameraEncoder, "encode", held)
+    return release
+
+
+async def test_step_waits_for_its_encoders_once_it_is_encode_lag_jobs_ahead(monkeypatch):
+    """A slow encoder slows the env: the worker runs at most ``encode_lag`` jobs ahead of its encoders."""
+    release = hold_encoders(monkeypatch)
     send, receive = anyio.create_memory_object_stream(100)
     steps_taken: list[int] = []
     lag = 3
@@ -297,16 +303,7 @@ async def test_step_waits_for_its_encoders_once_it_is_encode_lag_jobs_ahead(monk
 async def test_step_starts_the_next_episode_while_its_encoders_finish_the_last(monkeypatch):
     """Work already assigned is taken without draining the encoders: the env steps into episode 1 while not
     one frame of episode 0 is encoded yet (it used to wait there for the whole attempt's video)."""
-    from demoforge.stages import encode
-
-    release = threading.Event()
-    plain = encode.CameraEncoder.encode
-
-    def held(self, image):
-        release.wait(60)
-        return plain(self, image)
-
-    monkeypatch.setattr(encode.CameraEncoder, "encode", held)
+    release = hold_encoders(monkeypatch)
     assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](2)
     for index in (0, 1):
         assign_send.send_nowait(EpisodeAssignment(index))
