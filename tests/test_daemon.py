@@ -170,10 +170,13 @@ def test_second_daemon_on_the_same_store_is_refused(tmp_path):
 
 def test_second_signal_stops_at_once(tmp_path):
     job, port = write_job(tmp_path, step_sleep=0.05, extra="")
-    job.write_text(job.read_text().replace("deadline_seconds = 5", "deadline_seconds = 120"))
+    # Episodes of 2,000 steps (100 s): the one in flight outlasts the test, so only the second signal can end it
+    # (with 20 steps it could finish, and the daemon stop, before a loaded machine delivered the second signal).
+    job.write_text(job.read_text().replace("deadline_seconds = 5", "deadline_seconds = 120")
+                   .replace("steps = 20", "steps = 2000"))
     proc = start(job)
     try:
-        wait_for(lambda: scrape(port).get("demoforge_attempts_total", 0) >= 1)
+        wait_for(lambda: scrape(port).get('demoforge_stage_busy_seconds{stage="step"}', 0) > 0)
         proc.send_signal(signal.SIGTERM)
         # The first signal is being handled (the daemon said so) before the second is sent.
         wait_for(lambda: '"event": "stopping"' in proc.err_path.read_text())
