@@ -21,7 +21,7 @@ from helpers import run_cli
 
 pytestmark = pytest.mark.slow
 NO_CAMERA = {"camera": "none"}
-SMALL = ("--option", "image_size=64", "--option", "shadows=false", "--codec", "h264")
+SMALL = ("--option", "image_size=64", "--option", "shadows=false", "--option", "antialias=false", "--codec", "h264")
 
 
 def committed_identity(store: Path) -> list[tuple]:

@@ -18,7 +18,8 @@ from helpers import attempt_marks_of, attempts_mid_episode, cli_env, demoforge_a
 
 pytestmark = pytest.mark.slow  # subprocess jobs of real simulators (the quick tier, -m "not slow", skips them)
 
-PUSH = ("--task", "metaworld-push-v3", "--option", "image_size=48", "--option", "shadows=false")  # fast on CPU
+PUSH = ("--task", "metaworld-push-v3", "--option", "image_size=48", "--option", "shadows=false",
+        "--option", "antialias=false")  # fast on CPU
 
 
 @pytest.fixture(scope="module")

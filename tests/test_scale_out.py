@@ -37,7 +37,8 @@ from helpers import attempt_marks_of, attempts_mid_episode, attempts_now, cli_en
 # pytest-xdist worker, which starts them once and stops them when the file is done.
 pytestmark = pytest.mark.slow
 
-FETCH_ARGS = ("--task", "fetch-pick-place", "--option", "cycles=1", "--option", "image_size=64", "--episodes", "3")
+FETCH_ARGS = ("--task", "fetch-pick-place", "--option", "cycles=1", "--option", "image_size=64",
+              "--option", "antialias=false", "--episodes", "3")
 # Toy episodes of 60 steps x 20 ms: long enough that a kill lands mid-episode, short enough for the suite.
 TOY_EPISODES = 6
 TOY_ARGS = ("--task", "toy-point", "--episodes", str(TOY_EPISODES), "--codec", "h264", "--option", "steps=60",

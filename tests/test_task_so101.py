@@ -31,9 +31,11 @@ from task_checks import (  # noqa: E402
 from lerobot_loop import train  # noqa: E402
 
 TASK = "so101-pick-place"
-OPTIONS = {"image_height": 48, "image_width": 64}
+OPTIONS = {"image_height": 48, "image_width": 64, "antialias": False}
 EPISODES = 2
 SEGMENTS = ("reach", "descend", "grasp", "lift", "carry", "place", "release", "retreat")
+# Multisampled as by default: the job's export is replayed with --images, and at 48x64 in h264 aliased edges
+# compress below replay's 23 dB (22.4 dB on one frame of 71); the in-process episodes above need no such check.
 SMALL = ("--task", TASK, "--option", "image_height=48", "--option", "image_width=64", "--codec", "h264")
 MOTORS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
 
@@ -43,7 +45,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def so101() -> Iterator[tuple[Any, list[Any]]]:
     env = get_task(TASK).build(OPTIONS)
-    env.get_wrapper_attr("physics_model").vis.quality.offsamples = 0  # multisampling: CPU render cost, edges only
     try:
         yield env, list(run_episodes(env, task=TASK, episodes=EPISODES, job_seed=0, max_attempts=1))
     finally:

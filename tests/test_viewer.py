@@ -39,7 +39,7 @@ from helpers import REPO, cli_env, demoforge_argv, run_cli
 
 pytestmark = pytest.mark.slow
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-FETCH_OPTIONS = ("--option", "image_size=64", "--option", "cycles=1")
+FETCH_OPTIONS = ("--option", "image_size=64", "--option", "cycles=1", "--option", "antialias=false")
 
 
 # ------------------------------------------------------------------------------------------- fixtures

@@ -26,7 +26,7 @@ from gym_aloha.env import AlohaEnv
 from gym_aloha.tasks.sim_end_effector import BimanualViperXEndEffectorTask
 from gymnasium.wrappers import TimeLimit
 
-from demoforge.pipeline.tasks.mujoco_gl import GL_LOCK
+from demoforge.pipeline.tasks.mujoco_gl import ANTIALIAS, GL_LOCK, set_antialias
 from demoforge.pipeline.tasks.randomization import SceneRandomization
 from demoforge.pipeline.tasks.registry import (
     CameraSpec,
@@ -39,7 +39,8 @@ from demoforge.pipeline.tasks.registry import (
 )
 from demoforge.stages.contract import RecordedObservation
 
-DEFAULTS: dict[str, Any] = {"image_height": 224, "image_width": 224, "shadows": False, "depth": False}
+DEFAULTS: dict[str, Any] = {"image_height": 224, "image_width": 224, "shadows": False, "depth": False,
+                            ANTIALIAS: True}
 MIN_SIZE, MAX_SIZE = 32, 1080
 CAMERA = "top"
 DEPTH_CAMERA = "top_depth"  # registry.depth_camera's name for it
@@ -51,7 +52,7 @@ FINGERS = {arm: (f"vx300s_{arm}/10_left_gripper_finger", f"vx300s_{arm}/10_right
 # The shipped weld is too soft under mujoco 3.8 (the arm sags off the mocap target and drops grasps).
 WELD_SOLIMP = (0.95, 0.99)
 OPEN, CLOSED = 1.0, 0.0  # normalized gripper commands
-APPEARANCE = frozenset({"image_height", "image_width", "shadows", "depth"})  # options rerender may change
+APPEARANCE = frozenset({"image_height", "image_width", "shadows", "depth", ANTIALIAS})  # options rerender may change
 
 
 def axis_quat(axis: tuple[float, float, float], degrees: float) -> np.ndarray:
@@ -157,8 +158,10 @@ def touching(physics: Any, geoms: Iterable[str]) -> set[str]:
     return found
 
 
-def configure_rendering(physics: Any, height: int, width: int, shadows: bool) -> None:
-    """Size the offscreen buffer for the image and turn shadows off (software shadows cost ~10x on CPU)."""
+def configure_rendering(physics: Any, height: int, width: int, shadows: bool, antialias: bool = True) -> None:
+    """Size the offscreen buffer for the image, turn shadows off (software shadows cost ~10x on CPU) and
+    multisampling off when asked (mujoco_gl.ANTIALIAS)."""
+    set_antialias(physics.model, antialias)
     glob = physics.model.vis.global_
     glob.offwidth, glob.offheight = max(int(glob.offwidth), width), max(int(glob.offheight), height)
     if not shadows:
@@ -207,15 +210,17 @@ class OneCameraAlohaEnv(AlohaEnv):
     """gym-aloha's ``AlohaEnv`` for ``scene`` ("transfer_cube" or "insertion") with one rendered camera and
     shadows chosen by option; ``task_class`` is the scene's gym-aloha task with :class:`OneCameraRendering`."""
 
-    def __init__(self, scene: str, task_class: type, height: int, width: int, shadows: bool) -> None:
-        self._shadows = shadows
+    def __init__(self, scene: str, task_class: type, height: int, width: int, shadows: bool,
+                 antialias: bool = True) -> None:
+        self._shadows, self._antialias = shadows, antialias
         self._task_class = task_class
         super().__init__(task=scene, obs_type="pixels_agent_pos", observation_height=height,
                          observation_width=width, visualization_height=height, visualization_width=width)
 
     def _make_env_task(self, task_name: str) -> control.Environment:
         physics = dm_mujoco.Physics.from_xml_path(str(ASSETS_DIR / f"bimanual_viperx_{task_name}.xml"))
-        configure_rendering(physics, self.observation_height, self.observation_width, self._shadows)
+        configure_rendering(physics, self.observation_height, self.observation_width, self._shadows,
+                            self._antialias)
         task = self._task_class(self.observation_height, self.observation_width)
         return control.Environment(physics, task, float("inf"), control_timestep=DT, n_sub_steps=None,
                                    flat_observation=False)
@@ -278,8 +283,9 @@ class AlohaTask(gym.Wrapper):
     def __init__(self, options: Mapping[str, Any], *, scene: str, task_class: type, step_limit: int,
                  instruction: str, ends_at_success: bool = False) -> None:
         height, width = int(options["image_height"]), int(options["image_width"])
-        super().__init__(TimeLimit(OneCameraAlohaEnv(scene, task_class, height, width, bool(options["shadows"])),
-                                   max_episode_steps=step_limit))
+        joint = OneCameraAlohaEnv(scene, task_class, height, width, bool(options["shadows"]),
+                                  bool(options[ANTIALIAS]))
+        super().__init__(TimeLimit(joint, max_episode_steps=step_limit))
         self._size = (height, width)
         self._instruction = instruction
         self._ends_at_success = ends_at_success
@@ -402,7 +408,7 @@ def register_task(name: str, *, description: str, instruction: str, segment_name
     whose table, robot and ``objects`` (root bodies) change colour, whose top camera moves and whose ``objects``
     change physics. ``added_options`` are options added after stores were written (left out of fingerprints
     when at their default)."""
-    added = dict(added_options or {})
+    added = {ANTIALIAS: True, **(added_options or {})}
 
     def describe(options: Mapping[str, Any]) -> TaskInfo:
         return TaskInfo(name=name, description=description, instruction=instruction, fps=FPS,

@@ -20,7 +20,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from demoforge.pipeline.tasks.mujoco_gl import GL_LOCK, DepthCamera, close_renderer, own_context
+from demoforge.pipeline.tasks.mujoco_gl import ANTIALIAS, GL_LOCK, DepthCamera, close_renderer, own_context, set_antialias
 from demoforge.pipeline.tasks.randomization import SceneRandomization, unwrapped_model
 from demoforge.pipeline.tasks.registry import (
     CameraSpec,
@@ -38,7 +38,7 @@ FETCH_ENV_ID = "FetchPickAndPlace-v4"
 CAMERA = "front"
 DEPTH_CAMERA = "front_depth"  # registry.depth_camera's name for it
 FPS = 25
-ADDED_OPTIONS: Mapping[str, Any] = {"depth": False}  # options added later: left out of fingerprints when default
+ADDED_OPTIONS: Mapping[str, Any] = {"depth": False, ANTIALIAS: True}  # options added later: left out of fingerprints when default
 DEFAULTS: Mapping[str, Any] = {"cycles": 3, "image_size": 224, **ADDED_OPTIONS}
 CYCLES_RANGE = (1, 20)
 IMAGE_SIZE_RANGE = (32, 1024)
@@ -395,6 +395,7 @@ def make_env(options: Mapping[str, Any]) -> FetchPickPlace:
     camera = {k: np.array(v, dtype=np.float64) if isinstance(v, tuple) else v for k, v in CAMERA_CONFIG.items()}
     env = gym.make(FETCH_ENV_ID, render_mode="rgb_array", width=size, height=size,
                    max_episode_steps=max_episode_steps(cycles), default_camera_config=camera)
+    set_antialias(env.unwrapped.model, bool(options[ANTIALIAS]))  # type: ignore[attr-defined]  # before any render
     return FetchPickPlace(env, cycles, depth=bool(options["depth"]))
 
 
@@ -412,7 +413,7 @@ def _widen_object_range(env: gym.Env, scale: float) -> dict[str, Any]:
     return {"obj_range": OBJ_RANGE * scale}
 
 
-APPEARANCE = frozenset({"image_size", "depth"})  # options rerender may change
+APPEARANCE = frozenset({"image_size", "depth", ANTIALIAS})  # options rerender may change
 SCENE = SceneRandomization(
     model=unwrapped_model,
     color_groups={"table": ("table0",), "floor": ("floor0", "world"), "robot": ("robot0:*",),

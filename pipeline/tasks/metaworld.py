@@ -36,7 +36,7 @@ import numpy as np
 
 from demoforge.pipeline.reactive import Phase, ReturnBranch, reactive_segments
 from demoforge.pipeline.tasks.metaworld_phases import PHASES, ExpertPhases
-from demoforge.pipeline.tasks.mujoco_gl import DepthCamera, close_renderer, render_rgb
+from demoforge.pipeline.tasks.mujoco_gl import ANTIALIAS, DepthCamera, close_renderer, render_rgb, set_antialias
 from demoforge.pipeline.tasks.randomization import SceneRandomization, unwrapped_model
 from demoforge.pipeline.tasks.registry import (
     CameraSpec,
@@ -45,6 +45,7 @@ from demoforge.pipeline.tasks.registry import (
     TaskInfo,
     TaskOptionError,
     depth_camera,
+    fingerprint_options,
     register,
 )
 from demoforge.pipeline.tasks.suite import TaskSuiteEnv
@@ -60,8 +61,9 @@ STATE_KEY = "observation.state"
 ENV_STATE_KEY = "observation.environment_state"  # LeRobot's name for a full environment state
 ENV_STATE_DIM = 39  # Meta-World v3's observation: hand, gripper, two objects, previous frame's, goal
 MAX_STEPS = 500  # the env's own max_path_length, the episode length LeRobot evaluates with
+ADDED_OPTIONS: Mapping[str, Any] = {ANTIALIAS: True}  # options added later: left out of fingerprints when default
 DEFAULTS: Mapping[str, Any] = {"camera": LEROBOT_CAMERA, "image_size": 480, "shadows": True, "depth": False,
-                               "max_steps": MAX_STEPS, "full_state": False}
+                               "max_steps": MAX_STEPS, "full_state": False, **ADDED_OPTIONS}
 IMAGE_SIZE_RANGE = (32, 1024)
 # Meta-World's MT10 (metaworld.env_dict.MT10_V3, in its order; a test checks it against the installed package).
 MT10 = ("reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
@@ -168,7 +170,7 @@ def _describe(env: str, options: Mapping[str, Any]) -> TaskInfo:
         description=f"Meta-World {env}: {description(env)} (metaworld {SUPPORTED_METAWORLD}'s scripted expert, "
                     "segmented at its phase changes; as LeRobot's Meta-World env renders it)",
         instruction=description(env), fps=FPS, action_shape=(4,), state_shapes=state_shapes(options),
-        cameras=camera_specs(options), segment_names=PHASES[env].names(), options=dict(options),
+        cameras=camera_specs(options), segment_names=PHASES[env].names(), options=fingerprint_options(options, ADDED_OPTIONS),
         action_names=("dx", "dy", "dz", "gripper"), robot_type="sawyer", labels_any_state=True)
 
 
@@ -181,7 +183,7 @@ def _describe_suite(suite: str, options: Mapping[str, Any]) -> TaskInfo:
                     "of each in one store, each task with its own expert and LeRobot's description as its task",
         instruction="; ".join(description(env) for env in members[:1]) + " (one per member task)", fps=FPS,
         action_shape=(4,), state_shapes=state_shapes(options), cameras=camera_specs(options), segment_names=names,
-        options=dict(options), action_names=("dx", "dy", "dz", "gripper"), robot_type="sawyer",
+        options=fingerprint_options(options, ADDED_OPTIONS), action_names=("dx", "dy", "dz", "gripper"), robot_type="sawyer",
         suite=tuple(PREFIX + env for env in members), labels_any_state=True)
 
 
@@ -258,6 +260,7 @@ class MetaWorldTask(gym.Wrapper):
         sawyer.max_path_length = int(options["max_steps"])
         if not options["shadows"]:
             sawyer.model.light_castshadow[:] = 0
+        set_antialias(sawyer.model, bool(options[ANTIALIAS]))
         super().__init__(sawyer)
         self.name = env
         self.expert = MetaWorldExpert(env)
@@ -337,7 +340,7 @@ def _as_lerobot_returns(image: np.ndarray, camera: str) -> np.ndarray:
 # are the task's objects (a block, a door, a drawer...).
 _SCENE_ROOTS = ("base", "mocap", "tablelink", "RetainingWall", "world")
 OBJECTS = ("*",) + tuple(f"!{root}" for root in _SCENE_ROOTS)
-APPEARANCE = frozenset({"camera", "image_size", "shadows", "depth"})  # options rerender may change
+APPEARANCE = frozenset({"camera", "image_size", "shadows", "depth", ANTIALIAS})  # options rerender may change
 SCENE = SceneRandomization(
     model=unwrapped_model,
     color_groups={"table": ("tablelink",), "floor": ("world",), "walls": ("RetainingWall",), "robot": ("base",),

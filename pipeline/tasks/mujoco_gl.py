@@ -28,6 +28,19 @@ def offscreen_viewer(renderer: Any) -> Any:
     return getattr(renderer, "_viewers", {}).get("rgb_array") or getattr(renderer, "viewer", None)
 
 
+#: The option every built-in MuJoCo task takes: multisample anti-aliasing of its cameras (on, as the simulators
+#: ship and LeRobot's envs render). Off, Mesa's CPU renderer draws a frame about 2x faster at the sizes tests and
+#: small policies use (ALOHA 64x64: 40 -> 15 ms a step; fetch 21 -> 10 ms); only edge pixels change.
+ANTIALIAS = "antialias"
+
+
+def set_antialias(model: Any, on: bool) -> None:
+    """Turn off multisampling of ``model``'s offscreen renders when ``on`` is false; must run before the first
+    render makes the GL context (its sample count is fixed then)."""
+    if not on:
+        model.vis.quality.offsamples = 0
+
+
 #: One GL user at a time in this process (see the module docstring).
 GL_LOCK = threading.RLock()
 

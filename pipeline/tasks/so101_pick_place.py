@@ -28,13 +28,14 @@ import numpy as np
 from gymnasium.wrappers import TimeLimit
 
 from demoforge.pipeline.reactive import Phase, reactive_segments
-from demoforge.pipeline.tasks.mujoco_gl import GL_LOCK
+from demoforge.pipeline.tasks.mujoco_gl import ANTIALIAS, GL_LOCK, set_antialias
 from demoforge.pipeline.tasks.randomization import SceneRandomization
 from demoforge.pipeline.tasks.registry import (
     CameraSpec,
     TaskEntry,
     TaskInfo,
     TaskOptionError,
+    fingerprint_options,
     register,
 )
 from demoforge.stages.contract import RecordedObservation
@@ -42,7 +43,9 @@ from demoforge.stages.contract import RecordedObservation
 TASK_NAME = "so101-pick-place"
 MODEL_PACKAGE = "so101-nexus"
 MODEL_FILE = "so101_nexus/assets/SO101_menagerie/so101.xml"
-DEFAULTS: dict[str, Any] = {"image_height": 480, "image_width": 640, "shadows": False, "max_steps": 450}
+ADDED_OPTIONS: dict[str, Any] = {ANTIALIAS: True}  # options added later: left out of fingerprints when default
+DEFAULTS: dict[str, Any] = {"image_height": 480, "image_width": 640, "shadows": False, "max_steps": 450,
+                            **ADDED_OPTIONS}
 MIN_SIZE, MAX_SIZE = 32, 1080
 FPS = 30
 SUBSTEPS = 7  # physics steps per frame: 1/210 s, just under the model's own 0.005 s
@@ -216,9 +219,10 @@ class So101PickPlaceEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": FPS}
 
-    def __init__(self, height: int, width: int, shadows: bool) -> None:
+    def __init__(self, height: int, width: int, shadows: bool, antialias: bool = True) -> None:
         super().__init__()
         self.model = build_model(height, width, shadows)
+        set_antialias(self.model, antialias)
         self.data = mujoco.MjData(self.model)
         self.units = Units(self.model)
         self.ik = ArmIk(self.model)
@@ -438,8 +442,8 @@ class So101PickPlace(gym.Wrapper):
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         height, width = int(options["image_height"]), int(options["image_width"])
-        super().__init__(TimeLimit(So101PickPlaceEnv(height, width, bool(options["shadows"])),
-                                   max_episode_steps=int(options["max_steps"])))
+        scene = So101PickPlaceEnv(height, width, bool(options["shadows"]), bool(options[ANTIALIAS]))
+        super().__init__(TimeLimit(scene, max_episode_steps=int(options["max_steps"])))
         self.scene: So101PickPlaceEnv = self.env.unwrapped  # type: ignore[assignment]
         self.expert = So101Expert(self.scene)
         self._last: Any = None
@@ -493,7 +497,8 @@ def describe(options: Mapping[str, Any]) -> TaskInfo:
                     "cameras, 30 fps.",
         instruction=INSTRUCTION, fps=FPS, action_shape=(6,), state_shapes={"observation.state": (6,)},
         cameras=tuple(CameraSpec(name, height, width) for name in CAMERAS), segment_names=SEGMENT_NAMES,
-        options=dict(options), action_names=FEATURE_NAMES, robot_type="so_follower", labels_any_state=True,
+        options=fingerprint_options(options, ADDED_OPTIONS), action_names=FEATURE_NAMES, robot_type="so_follower",
+        labels_any_state=True,
         feature_names={"observation.state": FEATURE_NAMES, "action": FEATURE_NAMES})
 
 
@@ -518,4 +523,4 @@ SCENE = SceneRandomization(
 
 register(TaskEntry(name=TASK_NAME, defaults=DEFAULTS, describe=describe, make_env=make_env,
                    check=check_options, randomization=SCENE,
-                   appearance_options=frozenset({"image_height", "image_width", "shadows"})))
+                   appearance_options=frozenset({"image_height", "image_width", "shadows", ANTIALIAS})))
