@@ -69,18 +69,20 @@ def ray_token_cluster(tmp_path_factory):
         cluster.close()
 
 
-# Seconds each file took in one suite run on the 2-core machine (per-file sums of `pytest --junitxml`), rounded.
+# Seconds each file took in one suite run on the 2-core machine (per-file sums of `pytest --junitxml`, 2026-12-03
+# evening), rounded.
 # pytest-xdist's `--dist loadfile` hands a worker the next file of the collection order when it is free;
 # with the heaviest files first (`--no-loadscope-reorder` keeps our order) the two workers end together
 # instead of one running a 2-minute file alone at the end. Files not listed count as small.
 FILE_SECONDS = {
-    "test_scale_out.py": 200, "test_replay.py": 125, "test_task_aloha_insertion.py": 100, "test_metaworld.py": 100,
-    "test_rerender.py": 100, "test_policy_loop.py": 85, "test_repair.py": 85, "test_viewer.py": 70,
-    "test_export.py": 70, "test_reliability.py": 45, "test_task_so101.py": 55, "test_export_watchdog.py": 45,
-    "test_crash.py": 45, "test_task_fetch.py": 45, "test_recorder.py": 45, "test_depth.py": 40, "test_daemon.py": 35,
-    "test_docs.py": 30, "test_plugins.py": 30, "test_prune.py": 30, "test_export_child.py": 25,
-    "test_subtask_labels.py": 25, "test_kept_failures.py": 25, "test_multi_store.py": 25, "test_task_aloha.py": 25,
-    "test_power_cut.py": 20, "test_randomization.py": 20, "test_edit_crash.py": 20,
+    "test_scale_out.py": 135, "test_replay.py": 125, "test_metaworld.py": 110, "test_policy_loop.py": 105,
+    "test_rerender.py": 100, "test_export.py": 95, "test_viewer.py": 80, "test_task_so101.py": 70,
+    "test_reliability.py": 60, "test_recorder.py": 50, "test_export_watchdog.py": 45, "test_repair.py": 40,
+    "test_docs.py": 40, "test_daemon.py": 40, "test_task_aloha_insertion.py": 40, "test_task_fetch.py": 40,
+    "test_depth.py": 40, "test_edit_crash.py": 35, "test_plugins.py": 35, "test_task_aloha.py": 35,
+    "test_prune.py": 35, "test_randomization.py": 30, "test_export_child.py": 30, "test_subtask_labels.py": 30,
+    "test_kept_failures.py": 30, "test_multi_store.py": 25, "test_instructions.py": 20, "test_sampling.py": 20,
+    "test_full_disk.py": 20, "test_edit.py": 15,
 }
 
 

@@ -252,7 +252,7 @@ def test_images_catch_a_video_of_another_episode(fetch_store, tmp_path):
     records = committed_records(store)
     (target, _), (donor, _) = records[1], records[2]
     replace_staged_video(store, target, "front", staged_episode(store, donor)[1].video["front"])
-    assert replay(store)[0] == 0  # states, rewards and success are untouched
+    assert replay(store, "--episodes", "1")[0] == 0  # its states, rewards and success are untouched
     code, report, err = replay(store, "--images")
     assert code == 1, (err, report)
     assert verdicts(report) == {0: "reproduced", 1: "diverged", 2: "reproduced"}
@@ -277,7 +277,7 @@ def test_depth_is_compared_exactly_on_a_store_and_its_export(depth_store, tmp_pa
             assert episode["depth"] == {"front_depth": "exact"}  # present only if depth was compared
             assert episode["depth_differing_frames"] == {"front_depth": 0}
             assert set(episode["min_psnr_db"]) == {"front"}  # depth is not judged by PSNR
-    human = run_cli("replay", str(dataset), "--images").stdout.replace("\n", " ")
+    human = run_cli("replay", str(dataset), "--images", "--episodes", "0").stdout.replace("\n", " ")
     assert "depth front_depth: stored codes exactly (lossless hevc gray12le)" in human
 
 
@@ -313,7 +313,7 @@ def test_one_changed_depth_code_that_verify_accepts_diverges_at_that_frame(depth
     replace_staged_video(store, episode_id, "front_depth", data)
     verify = run_cli("verify", "--store", str(store), "--no-quarantine")
     assert verify.returncode == 0 and "all good" in verify.stdout, verify.stdout
-    assert replay(store)[0] == 0  # without --images nothing shows it
+    assert replay(store, "--episodes", "1")[0] == 0  # without --images nothing shows it
 
     code, report, err = replay(store, "--images")
     assert code == 1, (err, report)
@@ -330,7 +330,7 @@ def test_one_changed_depth_code_that_verify_accepts_diverges_at_that_frame(depth
     assert ep["mismatched_frames"] == 1 and ep["depth_differing_frames"] == {"front_depth": 1}
     assert ep["depth"] == {"front_depth": f"1 of {ep['frames']} frames differ"}
     assert report["episodes"][0]["depth"] == {"front_depth": "exact"}
-    human = run_cli("replay", str(store), "--images").stdout.replace("\n", " ")
+    human = run_cli("replay", str(store), "--images", "--episodes", "1").stdout.replace("\n", " ")
     assert f"DIVERGED episode 1 ({episode_id}): frame {frame}" in human
     assert "1 of 4096 pixels differ from the stored codes" in " ".join(human.split())
 
