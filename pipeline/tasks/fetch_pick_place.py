@@ -20,7 +20,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from demoforge.pipeline.tasks.mujoco_gl import ANTIALIAS, GL_LOCK, DepthCamera, close_renderer, own_context, set_antialias
+from demoforge.pipeline.tasks.mujoco_gl import (
+    ANTIALIAS,
+    GL_LOCK,
+    DepthCamera,
+    close_renderer,
+    own_context,
+    set_antialias,
+)
 from demoforge.pipeline.tasks.randomization import SceneRandomization, unwrapped_model
 from demoforge.pipeline.tasks.registry import (
     CameraSpec,
@@ -38,7 +45,8 @@ FETCH_ENV_ID = "FetchPickAndPlace-v4"
 CAMERA = "front"
 DEPTH_CAMERA = "front_depth"  # registry.depth_camera's name for it
 FPS = 25
-ADDED_OPTIONS: Mapping[str, Any] = {"depth": False, ANTIALIAS: True}  # options added later: left out of fingerprints when default
+# options added later: left out of fingerprints when at their default
+ADDED_OPTIONS: Mapping[str, Any] = {"depth": False, ANTIALIAS: True}
 DEFAULTS: Mapping[str, Any] = {"cycles": 3, "image_size": 224, **ADDED_OPTIONS}
 CYCLES_RANGE = (1, 20)
 IMAGE_SIZE_RANGE = (32, 1024)

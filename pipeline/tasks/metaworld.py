@@ -170,7 +170,8 @@ def _describe(env: str, options: Mapping[str, Any]) -> TaskInfo:
         description=f"Meta-World {env}: {description(env)} (metaworld {SUPPORTED_METAWORLD}'s scripted expert, "
                     "segmented at its phase changes; as LeRobot's Meta-World env renders it)",
         instruction=description(env), fps=FPS, action_shape=(4,), state_shapes=state_shapes(options),
-        cameras=camera_specs(options), segment_names=PHASES[env].names(), options=fingerprint_options(options, ADDED_OPTIONS),
+        cameras=camera_specs(options), segment_names=PHASES[env].names(),
+        options=fingerprint_options(options, ADDED_OPTIONS),
         action_names=("dx", "dy", "dz", "gripper"), robot_type="sawyer", labels_any_state=True)
 
 
@@ -183,7 +184,8 @@ def _describe_suite(suite: str, options: Mapping[str, Any]) -> TaskInfo:
                     "of each in one store, each task with its own expert and LeRobot's description as its task",
         instruction="; ".join(description(env) for env in members[:1]) + " (one per member task)", fps=FPS,
         action_shape=(4,), state_shapes=state_shapes(options), cameras=camera_specs(options), segment_names=names,
-        options=fingerprint_options(options, ADDED_OPTIONS), action_names=("dx", "dy", "dz", "gripper"), robot_type="sawyer",
+        options=fingerprint_options(options, ADDED_OPTIONS), action_names=("dx", "dy", "dz", "gripper"),
+        robot_type="sawyer",
         suite=tuple(PREFIX + env for env in members), labels_any_state=True)
 
 
