@@ -146,7 +146,8 @@ def test_the_export_has_the_features_lerobot_records_for_an_so101_follower(job, 
 
 def test_a_process_worker_records_what_the_thread_executor_records_and_it_replays(job, so101):
     """The episode a worker process committed has the actions and states, exactly, of the same episode run by the
-    executor a thread worker runs (this module's in-process episodes: same options and job seed); the
+    executor a thread worker runs (this module's in-process episodes: same job seed, same options but
+    ``antialias``, which changes edge pixels and no action or state); the
     export replays in another process (a store's replay is test_replay.py's)."""
     store, dataset = job
     check_stored_episode_is(store, frames_of(so101[1], 0))

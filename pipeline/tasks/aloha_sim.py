@@ -158,7 +158,7 @@ def touching(physics: Any, geoms: Iterable[str]) -> set[str]:
     return found
 
 
-def configure_rendering(physics: Any, height: int, width: int, shadows: bool, antialias: bool = True) -> None:
+def configure_rendering(physics: Any, height: int, width: int, shadows: bool, antialias: bool) -> None:
     """Size the offscreen buffer for the image, turn shadows off (software shadows cost ~10x on CPU) and
     multisampling off when asked (mujoco_gl.ANTIALIAS)."""
     set_antialias(physics.model, antialias)
@@ -207,11 +207,12 @@ class OneCameraRendering:
 
 
 class OneCameraAlohaEnv(AlohaEnv):
-    """gym-aloha's ``AlohaEnv`` for ``scene`` ("transfer_cube" or "insertion") with one rendered camera and
-    shadows chosen by option; ``task_class`` is the scene's gym-aloha task with :class:`OneCameraRendering`."""
+    """gym-aloha's ``AlohaEnv`` for ``scene`` ("transfer_cube" or "insertion") with one rendered camera,
+    shadows and multisampling chosen by option; ``task_class`` is the scene's gym-aloha task with
+    :class:`OneCameraRendering`."""
 
     def __init__(self, scene: str, task_class: type, height: int, width: int, shadows: bool,
-                 antialias: bool = True) -> None:
+                 antialias: bool) -> None:
         self._shadows, self._antialias = shadows, antialias
         self._task_class = task_class
         super().__init__(task=scene, obs_type="pixels_agent_pos", observation_height=height,

@@ -219,7 +219,7 @@ class So101PickPlaceEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": FPS}
 
-    def __init__(self, height: int, width: int, shadows: bool, antialias: bool = True) -> None:
+    def __init__(self, height: int, width: int, shadows: bool, antialias: bool) -> None:
         super().__init__()
         self.model = build_model(height, width, shadows)
         set_antialias(self.model, antialias)
