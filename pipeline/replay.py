@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from demoforge.stages.contract import StepView, as_bool_verdict, check_action
+from demoforge.stages.actions import check_action
+from demoforge.stages.contract import StepView, as_bool_verdict
 from demoforge.stages.task_protocol import (
     ChecksSuccess,
     GivesInstruction,

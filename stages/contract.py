@@ -10,7 +10,8 @@ protocol of stages/task_protocol.py, which a plugin author can type-check a task
 Optional task methods (all looked up the same way):
 
 - ``demo_hold_action() -> action``: what a finished vector row is stepped with while other rows continue.
-  Without it the row is stepped with :func:`default_hold_action` (zeros: "no motion" for delta control).
+  Without it the row is stepped with ``stages/actions.py: default_hold_action`` (zeros: "no motion" for delta
+  control).
 - ``demo_success(observation, info) -> bool``: the episode's success check. Without it
   ``info["success"]`` or ``info["is_success"]`` decides, and a plan that ran to its end counts as successful
   when neither key exists.
@@ -38,7 +39,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from demoforge.storage.schema import SCHEMA_VERSION
@@ -333,32 +333,6 @@ def check_json_safe(value: Any, what: str) -> None:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TaskProtocolError(f"{what} is not JSON-compatible: {exc}") from None
-
-
-def default_hold_action(action_space: gym.Space) -> np.ndarray:
-    """Zeros shaped like the action: "no motion" for delta-controlled arms. Absolute-position tasks must
-    define ``demo_hold_action``."""
-    if not isinstance(action_space, gym.spaces.Box):
-        raise TaskProtocolError(f"no default hold action for {type(action_space).__name__}; define "
-                                "demo_hold_action()")
-    return np.zeros(action_space.shape, dtype=action_space.dtype)
-
-
-def check_action(action: Any, space: gym.Space) -> np.ndarray:
-    """A finite numeric array of the action space's shape, or an :class:`ActionError` saying what is off."""
-    try:
-        array = np.asarray(action)
-    except Exception as exc:  # ragged lists etc.
-        raise ActionError(f"action is not an array: {exc}") from None
-    if array.dtype.kind not in "biuf":
-        raise ActionError(f"action has dtype {array.dtype}; expected a numeric array")
-    expected = getattr(space, "shape", None)
-    if expected is not None and array.shape != tuple(expected):
-        raise ActionError(f"action has shape {array.shape}; the env expects {tuple(expected)}")
-    if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
-        raise ActionError(f"action contains NaN or inf: {np.array2string(array, precision=3)}")
-    dtype = getattr(space, "dtype", None)
-    return array.astype(dtype, copy=False) if dtype is not None else array
 
 
 def as_bool_verdict(value: Any, what: str) -> bool:

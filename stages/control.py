@@ -27,7 +27,8 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
-from demoforge.stages.contract import POLICY_DRIVER, RecordedObservation, TaskError, check_action
+from demoforge.stages.actions import check_action
+from demoforge.stages.contract import POLICY_DRIVER, RecordedObservation, TaskError
 
 EXECUTED_ACTION = "executed_action"  # the action the env was stepped with, per frame
 INTERVENTION = "intervention"  # 1 where the expert drove because a takeover rule fired, else 0

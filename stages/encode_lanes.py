@@ -1,18 +1,16 @@
 """Camera lanes: one long-lived thread per camera owns every encoder of that camera and works through its
 own queue, so cameras of a frame encode independently and no frame costs a thread hand-off.
 
-The event loop only appends jobs to the lanes' queues (a lock and a list append) and collects results in
-job order. A thread with no event loop (a remote worker, pipeline/workers/episode_worker.py) uses the same lanes
-through the blocking twins :meth:`LaneSet.take_result` and :meth:`LaneSet.shutdown`: one encoder lifecycle for
-every executor. A lane wakes the loop (one ``call_soon_threadsafe``) only when the loop waits for results and
-enough are ready, or on an error: at most one wake per ``batch`` frames while the encoders are the
-bottleneck. Jobs of one lane run in submission order, so each camera's frames are encoded in exact order,
-and the i-th result of every lane belongs to the i-th job.
+A caller only appends jobs to the lanes' queues (a lock and a list append) and collects results in job
+order: a worker's thread blocks in :meth:`LaneSet.take_result` (stages/record_encoder.py, the encoder process),
+an event loop awaits ``AsyncLaneSet.next_result`` (stages/encode_lanes_async.py): one encoder lifecycle for
+every executor. Jobs of one lane run in submission order, so each camera's frames are encoded in exact order,
+and the i-th result of every lane belongs to the i-th job. This module imports no event loop, so the encoder
+process starts in less time.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import deque
@@ -20,8 +18,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-import anyio
-import anyio.from_thread
 import numpy as np
 
 from demoforge.stages.records import AttemptKey, CameraTail
@@ -44,27 +40,6 @@ class _Job:
     kind: str
     key: AttemptKey
     image: np.ndarray | None = None
-
-
-class _Waker:
-    """Wakes the event loop from a lane thread without waiting for it (asyncio: ``call_soon_threadsafe``;
-    other anyio backends: a blocking ``from_thread.run_sync``)."""
-
-    def __init__(self) -> None:
-        try:
-            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            self._loop = None
-        self._token = anyio.lowlevel.current_token()
-
-    def __call__(self, event: anyio.Event) -> None:
-        try:
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(event.set)
-            else:
-                anyio.from_thread.run_sync(event.set, token=self._token)
-        except RuntimeError:  # the loop is gone: nobody waits any more
-            pass
 
 
 class _Lane:
@@ -145,7 +120,10 @@ class _Lane:
 
 
 class LaneSet:
-    """The lanes of one encode stage, with the results they have ready. Loop-side methods never block."""
+    """The camera lanes of one worker or stage, with the results they have ready. Submitting never blocks.
+
+    ``batch``: an asynchronous taker is woken once that many results are ready (or on an error), so it wakes
+    at most once per ``batch`` frames while the encoders are the bottleneck."""
 
     def __init__(self, makers: Mapping[str, Callable[[], Encoder]], batch: int = 4) -> None:
         self.lock = threading.Lock()
@@ -153,16 +131,15 @@ class LaneSet:
         self.batch = max(1, batch)
         self._error: BaseException | None = None
         self._submitted = 0  # jobs given to every lane
-        self._taken = 0  # jobs whose results the loop took
-        self._want: int | None = None  # results per lane the loop waits for
-        self._event: anyio.Event | None = None
-        self._waker: _Waker | None = None  # made by the first async wait, on its event loop
+        self._taken = 0  # jobs whose results were taken
+        self._want: int | None = None  # results per lane an asynchronous taker waits for
+        self._notify: Callable[[], None] | None = None  # wakes that taker (stages/encode_lanes_async.py)
         self._changed = threading.Condition(self.lock)  # a result or a failure arrived (blocking takers)
         self.lanes = {name: _Lane(name, make, self) for name, make in makers.items()}
         for lane in self.lanes.values():
             lane.start()
 
-    # ----------------------------------------------------------------------------- event-loop side
+    # ---------------------------------------------------------------------------------- taker side
     def submit_frame(self, key: AttemptKey, images: Mapping[str, np.ndarray]) -> None:
         with self.lock:
             for name, lane in self.lanes.items():
@@ -176,31 +153,8 @@ class LaneSet:
                 lane.put(job)
             self._submitted += 1
 
-    async def next_result(self) -> dict[str, bytes | CameraTail | None]:
-        """The next job's result of every lane, in submission order; waits (for a batch) if not ready."""
-        with self.lock:
-            self._raise_if_failed()
-            if self._ready() == 0:
-                if self._waker is None:
-                    self._waker = _Waker()
-                self._want = min(self.batch, self._submitted - self._taken)
-                self._event = event = anyio.Event()
-            else:
-                event = None
-        if event is not None:
-            try:
-                await event.wait()
-            finally:
-                with self.lock:
-                    self._want = self._event = None
-            with self.lock:
-                self._raise_if_failed()
-        with self.lock:
-            return self._take()
-
     def take_result(self) -> dict[str, bytes | CameraTail | None]:
-        """Blocking twin of :meth:`next_result`, for a thread without an event loop: waits for the next job's
-        result of every lane; raises a lane's failure."""
+        """The next job's result of every lane, in submission order: waits for it; raises a lane's failure."""
         with self.lock:
             while True:
                 self._raise_if_failed()
@@ -209,7 +163,7 @@ class LaneSet:
                 self._changed.wait()
 
     def shutdown(self) -> None:
-        """Blocking twin of :meth:`close`: stop every lane (each aborts its encoders) and wait for the threads."""
+        """Stop every lane (each aborts the encoders it still holds) and wait for their threads."""
         with self.lock:
             self.closing = True
             for lane in self.lanes.values():
@@ -219,11 +173,6 @@ class LaneSet:
 
     def busy_seconds(self) -> dict[str, float]:
         return {name: lane.busy_s for name, lane in self.lanes.items()}
-
-    async def close(self) -> None:
-        """Stop every lane (each aborts the encoders it still holds) and wait for their threads."""
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self.shutdown)
 
     # --------------------------------------------------------------------------------- lane side
     def deliver(self, lane: _Lane, out: bytes | CameraTail | None) -> None:
@@ -246,9 +195,9 @@ class LaneSet:
         return min((len(lane.results) for lane in self.lanes.values()), default=self._submitted - self._taken)
 
     def _wake(self) -> None:
-        if self._event is not None and self._waker is not None:
-            self._waker(self._event)
-            self._want = None
+        if self._notify is not None:
+            self._notify()
+            self._want = self._notify = None
 
     def _take(self) -> dict[str, bytes | CameraTail | None]:
         """The next job's result of every lane (caller holds the lock and knows they are ready)."""

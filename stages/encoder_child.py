@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from demoforge.stages.encode import EncoderError, make_recording_encoder
+from demoforge.stages.camera_encoder import EncoderError, make_recording_encoder
 from demoforge.stages.encode_lanes import LaneSet
 from demoforge.stages.encoder_process import frame_layout
 from demoforge.storage.scheduling import reset_process_priority

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from demoforge.stages.encode import EncoderError
+from demoforge.stages.camera_encoder import EncoderError
 from demoforge.stages.records import AttemptKey, CameraTail
 from demoforge.stages.settings import VideoSettings
 from demoforge.storage.schema import CameraSpec

@@ -34,9 +34,8 @@ from demoforge.stages.contract import (
     TerminalReason,
     as_bool_verdict,
     check_json_safe,
-    check_action,
-    default_hold_action,
 )
+from demoforge.stages.actions import check_action, default_hold_action
 from demoforge.stages.attempts import RetryPolicy
 from demoforge.stages.control import EXECUTED_ACTION, INTERVENTION, AttemptControl, ControlSpec, Policy
 from demoforge.stages.task_protocol import (

@@ -15,7 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from demoforge.stages.encode import check_cameras, encoded_frame, make_recording_encoder, video_tail
+from demoforge.stages.camera_encoder import make_recording_encoder
+from demoforge.stages.encode import check_cameras, encoded_frame, video_tail
 from demoforge.stages.encode_lanes import LaneSet
 from demoforge.stages.encoder_process import EncoderProcess
 from demoforge.stages.records import AttemptEnded, EncodedRecord, Frame, Record

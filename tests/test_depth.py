@@ -26,7 +26,7 @@ from demoforge.pipeline.job import JobSpec, VideoSettings  # noqa: E402
 from demoforge.pipeline.runner import run_job  # noqa: E402
 from demoforge.pipeline.tasks.registry import CameraSpec, TaskEntry, TaskInfo, get_task  # noqa: E402
 from demoforge.stages.contract import RecordedObservation  # noqa: E402
-from demoforge.stages.encode import DepthEncoder, EncoderError, make_encoder  # noqa: E402
+from demoforge.stages.camera_encoder import DepthEncoder, EncoderError, make_encoder  # noqa: E402
 from demoforge.stages.executor import derive_seed, run_episodes  # noqa: E402
 from demoforge.stages.records import AttemptEnded, Frame  # noqa: E402
 from demoforge.storage import depth as depth_video  # noqa: E402

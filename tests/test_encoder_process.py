@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
 
-from demoforge.stages.encode import EncoderError
+from demoforge.stages.camera_encoder import EncoderError
 from demoforge.stages.record_encoder import RecordEncoder
 from demoforge.stages.records import AttemptEnded, EncodedFrame, Frame, VideoTail
 from demoforge.stages.settings import VideoSettings
@@ -173,3 +175,12 @@ def test_auto_runs_the_encoders_apart_for_frames_of_128x128_pixels_and_more():
     assert encoders_apart(None, small + (CameraSpec("c", 128, 64),))  # 9216 + 4096 + 8192 pixels: 21504
     assert encoders_apart(True, small) and not encoders_apart(False, large)
     assert not encoders_apart(True, ())  # nothing to encode: no process
+
+
+def test_the_encoder_process_imports_no_event_loop_no_gymnasium_and_no_store():
+    # Every worker of every job starts one: what it imports is start-up time (and CPU) taken from the env.
+    code = ("import sys, demoforge.stages.encoder_child; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'anyio', 'asyncio', 'gymnasium', 'zarr', "
+            "'torch', 'lerobot'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

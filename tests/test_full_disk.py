@@ -202,7 +202,7 @@ def test_an_encode_lane_whose_clean_up_fails_lets_nothing_escape_and_reports_the
     import anyio
     import numpy as np
 
-    from demoforge.stages.encode_lanes import LaneSet
+    from demoforge.stages.encode_lanes_async import AsyncLaneSet
     from demoforge.stages.records import AttemptKey, CameraTail
 
     class Encoder:
@@ -228,7 +228,7 @@ def test_an_encode_lane_whose_clean_up_fails_lets_nothing_escape_and_reports_the
     threading.excepthook = escaped.append
 
     async def main() -> None:
-        lanes = LaneSet({"front": Encoder})
+        lanes = AsyncLaneSet({"front": Encoder})
         try:
             image = np.zeros((8, 8, 3), np.uint8)
             lanes.submit_frame(AttemptKey(0, 0), {"front": image})

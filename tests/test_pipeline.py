@@ -221,22 +221,22 @@ def test_camera_changing_shape_mid_episode_discards_that_attempt(tmp_path, regis
 def test_encoder_failure_surfaces_and_keeps_committed_data(tmp_path, monkeypatch):
     store = tmp_path / "store"
     run_job(toy(2), store)
-    from demoforge.stages import encode
+    from demoforge.stages import camera_encoder
 
     calls = {"n": 0}
-    real = encode.CameraEncoder.encode
+    real = camera_encoder.CameraEncoder.encode
 
     def failing(self, image):
         calls["n"] += 1
         if calls["n"] == 30:
-            raise encode.EncoderError("camera 'cam' frame 9: simulated encoder failure")
+            raise camera_encoder.EncoderError("camera 'cam' frame 9: simulated encoder failure")
         return real(self, image)
 
-    monkeypatch.setattr(encode.CameraEncoder, "encode", failing)
+    monkeypatch.setattr(camera_encoder.CameraEncoder, "encode", failing)
     # The job's task group re-raises the stage's own error, typed (the CLI turns it into a few lines). The
     # encoders run beside the env here, where the patch reaches them (tests/test_encoder_process.py fails one
     # in its own process).
-    with pytest.RaisesGroup(pytest.RaisesExc(encode.EncoderError, match="simulated encoder failure")):
+    with pytest.RaisesGroup(pytest.RaisesExc(camera_encoder.EncoderError, match="simulated encoder failure")):
         run_job(dataclasses.replace(toy(5), encoder_process=False), store)
     monkeypatch.undo()
     catalog, staging = open_staging(store)

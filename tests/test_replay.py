@@ -284,7 +284,7 @@ def test_depth_is_compared_exactly_on_a_store_and_its_export(depth_store, tmp_pa
 def test_one_changed_depth_code_that_verify_accepts_diverges_at_that_frame(depth_store, tmp_path):
     import av
 
-    from demoforge.stages.encode import DepthEncoder
+    from demoforge.stages.camera_encoder import DepthEncoder
     from demoforge.storage import depth as depth_video
 
     class CodesEncoder(DepthEncoder):

@@ -656,19 +656,19 @@ def test_an_encoder_failure_in_a_worker_fails_that_attempt_and_the_next_one_enco
     that attempt as an error naming the worker (its frames never reach the driver), the lanes are replaced, and
     the next attempt's frames and video tail come whole from fresh encoders (their bytes decode to every frame)."""
     from demoforge.pipeline.workers.episode_worker import EpisodeWorker, WorkerSpec
-    from demoforge.stages import encode
+    from demoforge.stages import camera_encoder
     from demoforge.stages.records import AttemptEnded, EncodedFrame, VideoTail
     from helpers import decode_frames
 
-    real, calls = encode.CameraEncoder.encode, {"n": 0}
+    real, calls = camera_encoder.CameraEncoder.encode, {"n": 0}
 
     def failing(self, image):
         calls["n"] += 1
         if calls["n"] == 5:  # the first attempt's fifth frame
-            raise encode.EncoderError("camera 'cam' frame 4: simulated encoder failure")
+            raise camera_encoder.EncoderError("camera 'cam' frame 4: simulated encoder failure")
         return real(self, image)
 
-    monkeypatch.setattr(encode.CameraEncoder, "encode", failing)
+    monkeypatch.setattr(camera_encoder.CameraEncoder, "encode", failing)
     options = {**toy_tasks.DEFAULTS, "steps": 12}
     info = toy_tasks.describe(options)
     worker = EpisodeWorker(WorkerSpec(task="toy-point", task_options=options, job_seed=0, max_attempts=3,

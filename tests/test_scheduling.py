@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 import toy_tasks
-from demoforge.stages.encode import CameraEncoder, encode_stage
+from demoforge.stages.camera_encoder import CameraEncoder
+from demoforge.stages.encode import encode_stage
 from demoforge.stages.executor import RangeWorkSource, Executor
 from demoforge.stages.records import EncodedFrame, Frame
 from demoforge.stages.settings import VideoSettings

@@ -20,7 +20,8 @@ import toy_tasks
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.stages.commit import commit_stage
 from demoforge.stages.context import StageContext
-from demoforge.stages.encode import EncoderError, encode_stage
+from demoforge.stages.camera_encoder import EncoderError
+from demoforge.stages.encode import encode_stage
 from demoforge.stages.executor import RangeWorkSource, Executor
 from demoforge.stages.plan import EpisodePlanner
 from demoforge.stages.records import (
@@ -267,16 +268,16 @@ async def test_step_sends_records_in_batches_and_runs_at_most_a_batch_ahead_of_a
 
 def hold_encoders(monkeypatch) -> threading.Event:
     """Every camera encoder waits inside ``encode`` until the returned event is set."""
-    from demoforge.stages import encode
+    from demoforge.stages import camera_encoder
 
     release = threading.Event()
-    plain = encode.CameraEncoder.encode
+    plain = camera_encoder.CameraEncoder.encode
 
     def held(self, image):
         release.wait(60)
         return plain(self, image)
 
-    monkeypatch.setattr(encode.CameraEncoder, "encode", held)
+    monkeypatch.setattr(camera_encoder.CameraEncoder, "encode", held)
     return release
 
 
@@ -430,12 +431,12 @@ def two_camera_records() -> tuple[tuple[CameraSpec, ...], list]:
 
 
 async def test_encode_cameras_run_independently_and_records_leave_in_order(monkeypatch):
-    from demoforge.stages import encode
+    from demoforge.stages import camera_encoder
 
     cameras, records = two_camera_records()
     release = threading.Event()
     encoded: dict[str, int] = {"fast": 0, "slow": 0}
-    real = encode.CameraEncoder.encode
+    real = camera_encoder.CameraEncoder.encode
 
     def gated(self, image):
         if self.camera.name == "slow":
@@ -443,7 +444,7 @@ async def test_encode_cameras_run_independently_and_records_leave_in_order(monke
         encoded[self.camera.name] += 1
         return real(self, image)
 
-    monkeypatch.setattr(encode.CameraEncoder, "encode", gated)
+    monkeypatch.setattr(camera_encoder.CameraEncoder, "encode", gated)
     in_recv = fed(records)
     out_send, out_recv = anyio.create_memory_object_stream(100)
     with anyio.fail_after(60):
@@ -468,16 +469,16 @@ async def test_encode_cameras_run_independently_and_records_leave_in_order(monke
 
 
 async def test_encode_surfaces_an_encoder_failure_in_a_camera_lane(monkeypatch):
-    from demoforge.stages import encode
+    from demoforge.stages import camera_encoder
 
-    real = encode.CameraEncoder.encode
+    real = camera_encoder.CameraEncoder.encode
 
     def failing(self, image):
         if self.frames == 3:
             raise EncoderError(f"camera {self.camera.name!r} frame 3: simulated")
         return real(self, image)
 
-    monkeypatch.setattr(encode.CameraEncoder, "encode", failing)
+    monkeypatch.setattr(camera_encoder.CameraEncoder, "encode", failing)
     with pytest.RaisesGroup(pytest.RaisesExc(EncoderError, match="frame 3: simulated")):
         await run_encode(toy_records(2))
 
@@ -619,7 +620,7 @@ def test_same_frames_encode_to_the_same_bytes_every_time(codec):
     import hashlib
 
     from demoforge.pipeline.job import VideoSettings
-    from demoforge.stages.encode import CameraEncoder
+    from demoforge.stages.camera_encoder import CameraEncoder
     from demoforge.storage.schema import CameraSpec
 
     size = 32

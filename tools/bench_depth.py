@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 from demoforge.pipeline.job import JobSpec, VideoSettings  # noqa: E402
 from demoforge.pipeline.runner import JobRunner  # noqa: E402
 from demoforge.pipeline.tasks.registry import get_task  # noqa: E402
-from demoforge.stages.encode import make_encoder  # noqa: E402
+from demoforge.stages.camera_encoder import make_encoder  # noqa: E402
 from demoforge.stages.executor import run_episodes  # noqa: E402
 from demoforge.stages.records import Frame  # noqa: E402
 from demoforge.storage.depth import lerobot_depth_identity, quantize  # noqa: E402

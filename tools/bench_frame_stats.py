@@ -21,7 +21,7 @@ import numpy as np
 
 from demoforge.pipeline.job import VideoSettings
 from demoforge.pipeline.tasks.registry import CameraSpec
-from demoforge.stages.encode import CameraEncoder, RecordingEncoder
+from demoforge.stages.camera_encoder import CameraEncoder, RecordingEncoder
 from demoforge.storage.lerobot_stats import sample_indices, strided
 
 

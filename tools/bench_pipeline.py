@@ -53,7 +53,7 @@ from demoforge.pipeline.job import JobSpec, VideoSettings  # noqa: E402
 from demoforge.pipeline.runner import run_job  # noqa: E402
 from demoforge.pipeline.tasks.registry import CameraSpec, TaskEntry, TaskInfo, get_task, register  # noqa: E402
 from demoforge.stages.contract import RecordedObservation, Segment  # noqa: E402
-from demoforge.stages.encode import CameraEncoder  # noqa: E402
+from demoforge.stages.camera_encoder import CameraEncoder  # noqa: E402
 from demoforge.stages.executor import run_episodes  # noqa: E402
 from demoforge.stages.records import AttemptEnded, AttemptStarted, Frame  # noqa: E402
 from demoforge.storage.store import open_store  # noqa: E402

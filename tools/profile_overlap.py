@@ -135,7 +135,7 @@ def _encoder_process(conn: Any, cameras: Any, fps: int, idle: bool) -> None:
 
     import numpy as np
 
-    from demoforge.stages.encode import make_recording_encoder
+    from demoforge.stages.camera_encoder import make_recording_encoder
     from demoforge.stages.settings import VideoSettings
 
     if idle:
