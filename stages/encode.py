@@ -89,8 +89,9 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
     context = context or StageContext()
     delay_s = context.delay("encode")
     specs = {c.name: c for c in cameras}
-    lanes = AsyncLaneSet({name: functools.partial(make_recording_encoder, spec, fps, settings, stats_dir=stats_dir)
-                     for name, spec in specs.items()})
+    lanes = AsyncLaneSet({name: functools.partial(make_recording_encoder, spec, fps, settings,
+                                                  stats_dir=stats_dir)
+                          for name, spec in specs.items()})
     # A frame waits for its lanes' bytes in a slot; every other record passes through in order.
     slots_send, slots_recv = anyio.create_memory_object_stream[
         _FrameSlot | AttemptStarted | AttemptEnded | EpisodeAbandoned](lookahead - 2)

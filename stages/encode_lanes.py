@@ -120,15 +120,11 @@ class _Lane:
 
 
 class LaneSet:
-    """The camera lanes of one worker or stage, with the results they have ready. Submitting never blocks.
+    """The camera lanes of one worker or stage, with the results they have ready. Submitting never blocks."""
 
-    ``batch``: an asynchronous taker is woken once that many results are ready (or on an error), so it wakes
-    at most once per ``batch`` frames while the encoders are the bottleneck."""
-
-    def __init__(self, makers: Mapping[str, Callable[[], Encoder]], batch: int = 4) -> None:
+    def __init__(self, makers: Mapping[str, Callable[[], Encoder]]) -> None:
         self.lock = threading.Lock()
         self.closing = False
-        self.batch = max(1, batch)
         self._error: BaseException | None = None
         self._submitted = 0  # jobs given to every lane
         self._taken = 0  # jobs whose results were taken
