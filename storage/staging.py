@@ -7,14 +7,16 @@ Layout under ``STORE/staging.zarr`` (staging format 3)::
     episodes/<episode_id>/action             (N, A) float32
     episodes/<episode_id>/reward             (N,) float32
     episodes/<episode_id>/annotations        (N, 8) int32          columns = schema.ANNOTATION_KEYS
-    episodes/<episode_id>/video.<camera>     (B,) uint8            fragmented MP4 bytes, shards of 4 MiB
-                                                                   (64 chunks of 64 KiB)
+    episodes/<episode_id>/video.<camera>     (B,) uint8            fragmented MP4 bytes, shards of 1 MiB
+                                                                   (16 chunks of 64 KiB)
 
 Zarr v3 sharding: each array stores one file per shard (``c/<i>/0``) plus its ``zarr.json``, so an episode
 of up to 1024 frames is ``1 + 2 x arrays`` files whatever its length (11 for ALOHA, was 28), and a long one
 adds one file per array per 1024 frames. A shard is written once, whole: the writer buffers a shard's rows
-(1024 x row bytes: ~150 KB for ALOHA) and a camera's bytes (at most 4 MiB), so memory stays bounded for any
-episode length. Inside a shard, chunks keep ``chunk_frames`` rows so a reader can decode a few frames
+(1024 x row bytes: ~150 KB for ALOHA) and a camera's bytes (at most 1 MiB), so memory stays bounded for any
+episode length. (A shard of video passes through zarr's write path as three more copies: the buffer is what
+an attempt's peak memory grows by as it gets longer, so it is 1 MiB, not the 4 MiB of earlier stores, which
+are read as they are: a reader takes each array's shard size from its metadata.) Inside a shard, chunks keep ``chunk_frames`` rows so a reader can decode a few frames
 without the whole shard, and a video tail pads to 64 KiB, not to the 1 MiB chunk of format 1 (a 20-frame
 toy episode took 1.1 MB on disk, now ~70 KB).
 
@@ -72,8 +74,7 @@ FORMAT_ATTRIBUTE = "demoforge_staging_format"
 STATS_ATTRIBUTE = "demoforge_stats"  # format 3: the episode's feature statistics
 SHARD_CHUNKS = 16  # chunks of ``chunk_frames`` rows per shard: 1024 frames, one shard for most episodes
 VIDEO_CHUNK_BYTES = 1 << 16  # 64 KiB: the most a video tail is padded
-VIDEO_SHARD_BYTES = 1 << 22  # 4 MiB per camera: the writer's buffer, and the file size of a long stream
-V1_VIDEO_CHUNK_BYTES = 1 << 20  # format 1: unsharded 1 MiB chunks
+VIDEO_SHARD_BYTES = 1 << 20  # 1 MiB per camera: the writer's buffer, and the file size of a long stream
 EPISODE_ID = re.compile(r"ep[0-9]{8,}-a[0-9]{2,}")  # stages.records.AttemptKey.episode_id
 
 
@@ -186,12 +187,11 @@ class _ByteStream:
         whole = len(self.pending) if final else len(self.pending) // self.shard * self.shard
         if not whole:
             return None
-        # One copy of the detached bytes (a memoryview slice copies nothing; bytes() copies once): a shard is
-        # 4 MiB, and every extra copy is held per attempt being written.
-        with memoryview(self.pending) as view:
-            part = _Part(self, self.written, np.frombuffer(bytes(view[:whole]), dtype=np.uint8))
+        # No copy of the detached bytes: the buffer itself becomes the part, and a new one starts with the rest
+        # (less than a packet while recording). Every copy of a shard is held per attempt being written.
+        detached, self.pending = self.pending, bytearray(memoryview(self.pending)[whole:])
+        part = _Part(self, self.written, np.frombuffer(detached, dtype=np.uint8, count=whole))
         self.written += whole
-        del self.pending[:whole]
         return part
 
     def write(self, start: int, data: np.ndarray) -> None:
@@ -508,23 +508,24 @@ class StagingStore:
         wanted = {array_path(name, staging_format): frames for name in numeric}
         wanted |= {array_path(f"video/{c}", staging_format): video_bytes[c] for c in self.layout.camera_names}
         try:
-            got = zarr_sync(_read_arrays(self.episode_path(episode_id), wanted))
+            got, units = zarr_sync(_read_arrays(self.episode_path(episode_id), wanted))
         except (ValueError, KeyError, FileNotFoundError, OSError) as exc:
             raise StagingCorruptError(f"episode {episode_id}: {type(exc).__name__}: {exc}") from exc
         values = [got[array_path(name, staging_format)] for name in numeric]
         state = dict(zip(self.layout.state_shapes, values[:-3]))
         action, reward, annotations = values[-3:]
         video = {c: got[array_path(f"video/{c}", staging_format)].tobytes() for c in self.layout.camera_names}
-        self._check_chunks_exist(episode_id, frames, video_bytes, staging_format)
+        self._check_chunks_exist(episode_id, frames, video_bytes, staging_format,
+                                 {c: units[array_path(f"video/{c}", staging_format)] for c in video_bytes})
         return StagedEpisode(state, action, reward, annotations, video, stats if staging_format >= 3 else None)
 
     def _check_chunks_exist(self, episode_id: str, frames: int, video_bytes: Mapping[str, int],
-                            staging_format: int = STAGING_FORMAT) -> None:
+                            staging_format: int, video_units: Mapping[str, int]) -> None:
         """A missing chunk (format 1) or shard (format 2) reads back as the fill value; make that an error for
-        committed data. (Within a shard every chunk is listed in the shard's checksummed index.)"""
+        committed data. (Within a shard every chunk is listed in the shard's checksummed index.) ``video_units``:
+        each camera's bytes per file, as its array's metadata says (stores of other versions used other sizes)."""
         base = self.episode_path(episode_id)
         rows = self.layout.chunk_frames * (SHARD_CHUNKS if staging_format >= 2 else 1)
-        video_unit = VIDEO_SHARD_BYTES if staging_format >= 2 else V1_VIDEO_CHUNK_BYTES
         expected: list[Path] = []
         n_files = -(-frames // rows)
         row_dims = {**{f"state/{f}": len(s) for f, s in self.layout.state_shapes.items()},
@@ -535,7 +536,7 @@ class StagingStore:
                          for i in range(n_files)]
         for camera, size in video_bytes.items():
             folder = base / array_path(f"video/{camera}", staging_format) / "c"
-            expected += [folder / str(i) for i in range(-(-size // video_unit))]
+            expected += [folder / str(i) for i in range(-(-size // video_units[camera]))]
         missing = [str(p.relative_to(base)) for p in expected if not p.exists()]
         if missing:
             raise StagingCorruptError(f"episode {episode_id}: missing chunks {missing[:5]}")
@@ -553,12 +554,15 @@ def _async_array(node: object, name: str) -> zarr.AsyncArray[Any]:
     return node
 
 
-async def _read_arrays(group_path: Path, lengths: Mapping[str, int]) -> dict[str, np.ndarray]:
+async def _read_arrays(group_path: Path, lengths: Mapping[str, int]) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """The first ``lengths[name]`` rows of each array of a staged episode, all read concurrently in one trip to
-    zarr's I/O loop (one sync call per array costs a thread hand-off each, which dominated reading)."""
+    zarr's I/O loop (one sync call per array costs a thread hand-off each, which dominated reading), and each
+    array's rows per file (its shard, or its chunk where unsharded)."""
     group = await zarr.api.asynchronous.open_group(store=str(group_path), mode="r")
     names = list(lengths)
     arrays = await asyncio.gather(*(group.getitem(name) for name in names))
     data = await asyncio.gather(*(_async_array(array, name).getitem(slice(0, lengths[name]))
                                   for name, array in zip(names, arrays)))
-    return {name: np.asarray(values) for name, values in zip(names, data)}
+    units = {name: (array.shards or array.chunks)[0] for name, array in zip(names, arrays)
+             if isinstance(array, zarr.AsyncArray)}
+    return {name: np.asarray(values) for name, values in zip(names, data)}, units

@@ -10,6 +10,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import toy_tasks  # noqa: F401  (registers toy-point)
 from demoforge.pipeline.job import JobSpec, VideoSettings
@@ -17,7 +18,8 @@ from demoforge.pipeline.runner import run_job
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.lerobot.validate import validate_dataset
 from demoforge.storage.schema import CameraSpec
-from demoforge.storage.staging import SHARD_CHUNKS, STAGING_FORMAT, VIDEO_SHARD_BYTES, StagingLayout, StagingStore
+from demoforge.storage.staging import (SHARD_CHUNKS, STAGING_FORMAT, VIDEO_SHARD_BYTES, StagingCorruptError, StagingLayout,
+                                      StagingStore)
 from demoforge.storage.store_verify import verify_store
 from helpers import REPO, run_cli
 
@@ -59,15 +61,15 @@ def test_long_episode_adds_one_file_per_array_per_shard_and_buffers_at_most_a_sh
     for step in range(frames):
         row = rng.standard_normal(14).astype(np.float32)
         full = writer.add_frame({"observation.state": row}, row, 1.0, (1, step, 0, step, 0, frames, 0, 0))
-        full |= writer.add_video("top", rng.bytes(3000))  # 7.5 MB of stream: two whole 4 MiB shards and a tail
+        full |= writer.add_video("top", rng.bytes(3000))  # 7.5 MB of stream: seven whole 1 MiB shards and a tail
         peak = max(peak, writer.buffered_bytes())
         if full:
             writer.flush_full()
     sizes = writer.flush_all()
     shard_rows = layout.chunk_frames * SHARD_CHUNKS
     assert peak <= shard_rows * (14 + 14 + 1 + 8) * 4 + VIDEO_SHARD_BYTES + 3000
-    # 2500 frames = 3 shards per numeric array, 7.5 MB = 2 video shards; + 5 zarr.json + the group's
-    assert sum(1 for f in writer.path.rglob("*") if f.is_file()) == 4 * 3 + 2 + 5 + 1
+    # 2500 frames = 3 shards per numeric array, 7.5 MB = 8 video shards; + 5 zarr.json + the group's
+    assert sum(1 for f in writer.path.rglob("*") if f.is_file()) == 4 * 3 + -(-frames * 3000 // VIDEO_SHARD_BYTES) + 5 + 1
     staging.make_durable("ep00000000-a00")
     back = staging.read_episode("ep00000000-a00", frames, sizes)
     assert back.content_hash() == writer.content_hash() and len(back.video["top"]) == frames * 3000
@@ -77,6 +79,36 @@ def test_long_episode_adds_one_file_per_array_per_shard_and_buffers_at_most_a_sh
     assert any(t.name.startswith("fsync") for t in threading.enumerate())
     staging.close()
     assert not [t.name for t in threading.enumerate() if t.name.startswith("fsync")]
+
+
+def test_video_shards_of_another_size_are_read_by_their_metadata_and_a_missing_one_is_named(
+        tmp_path: Path, monkeypatch) -> None:
+    """Stores written before video shards were 1 MiB hold 4 MiB ones: a reader takes each array's shard size from
+    its zarr.json, so such an episode reads back whole, and a lost shard of it is still an error."""
+    import demoforge.storage.staging as staging_module
+
+    layout = StagingLayout(state_shapes={"observation.state": (2,)}, action_shape=(2,), cameras=(CameraSpec("top", 8, 8),))
+    staging = StagingStore(tmp_path / "store", layout)
+    monkeypatch.setattr(staging_module, "VIDEO_SHARD_BYTES", 4 * VIDEO_SHARD_BYTES)  # as the older code wrote
+    writer = staging.open_episode("ep00000000-a00")
+    monkeypatch.undo()
+    rng = np.random.default_rng(0)
+    frames = 2000
+    for step in range(frames):
+        row = rng.standard_normal(2).astype(np.float32)
+        if writer.add_frame({"observation.state": row}, row, 1.0, (1, step, 0, step, 0, frames, 0, 0)) | \
+                writer.add_video("top", rng.bytes(3000)):  # 6 MB: one whole 4 MiB shard and a tail
+            writer.flush_full()
+    sizes = writer.flush_all()
+    staging.make_durable("ep00000000-a00")
+    shards = writer.path / "video.top" / "c"
+    assert sorted(p.name for p in shards.iterdir()) == ["0", "1"]  # the stream in 4 MiB files, not 1 MiB ones
+    back = staging.read_episode("ep00000000-a00", frames, sizes)
+    assert back.content_hash() == writer.content_hash()
+    (shards / "1").unlink()
+    with pytest.raises(StagingCorruptError, match="video.top/c/1"):
+        staging.read_episode("ep00000000-a00", frames, sizes)
+    staging.close()
 
 
 def test_format1_store_is_read_exported_and_resumed(tmp_path: Path) -> None:
