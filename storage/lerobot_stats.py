@@ -183,11 +183,18 @@ class RgbStats:
         self._buffers: tuple[np.ndarray, np.ndarray] | None = None
 
     def add(self, frame: np.ndarray) -> None:
+        """One frame, (h, w, 3)."""
         pixels = frame.shape[0] * frame.shape[1]
+        self.add_planar(np.ascontiguousarray(frame.reshape(pixels, 3).T))
+
+    def add_planar(self, channels: np.ndarray) -> None:
+        """One frame as its three channels, (3, h, w) or (3, h * w) C-contiguous: the same pixels in the same
+        order as :meth:`add` (the form the recorder keeps its sampled frames in: no transposing copy)."""
+        channels = channels.reshape(3, -1)
+        pixels = channels.shape[1]
         if self._buffers is None or self._buffers[0].shape[1] != pixels + 1:
             self._buffers = (np.empty((3, pixels + 1), np.float32), np.empty((3, pixels + 1), np.float32))
         values, work = self._buffers
-        channels = np.ascontiguousarray(frame.reshape(pixels, 3).T)  # (3, pixels) uint8
         values[:, 1:] = channels
         np.multiply(values[:, 1:], values[:, 1:], out=work[:, 1:])
         values[:, 0] = self._total  # 0 before the first frame: 0 + x is x, so the sum starts at its first value

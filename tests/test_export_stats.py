@@ -24,6 +24,8 @@ from demoforge.stages.records import Frame
 from demoforge.storage import lerobot_stats
 from demoforge.storage.lerobot.export import export_store
 from demoforge.storage.lerobot.files import _arrow_table, data_schema, episode_frames
+from demoforge.storage.sampled_frames import SampledFrames
+from demoforge.storage.schema import CameraSpec
 from demoforge.storage.store import open_store
 from demoforge.storage.staging import STATS_ATTRIBUTE, StagedEpisode
 from demoforge.storage.video import decode_frames
@@ -228,6 +230,19 @@ def test_stats_arithmetic_is_lerobots_to_the_bit() -> None:
         theirs = lerobot.get_feature_stats(frames[sampled].transpose(0, 3, 1, 2), axis=(0, 2, 3), keepdims=True)
         theirs = {k: v if k == "count" else np.squeeze(v / 255.0, axis=0) for k, v in theirs.items()}
         same_bits(lerobot_stats.rgb_stats(frames[i] for i in sampled), theirs)
+    # Frames of 300 px or more are strided; the recorder keeps them as planes (storage/sampled_frames.py).
+    for n, h, w in ((130, 300, 420), (40, 480, 640)):
+        frames = rng.integers(0, 256, (n, h, w, 3), dtype=np.uint8)
+        frames[:, :, :9] = 200
+        kept = SampledFrames(CameraSpec("cam", h, w))
+        for frame in frames:
+            kept.add(frame)
+        sampled = lerobot.sample_indices(n)
+        chw = np.stack([lerobot.auto_downsample_height_width(frames[i].transpose(2, 0, 1)) for i in sampled])
+        theirs = lerobot.get_feature_stats(chw, axis=(0, 2, 3), keepdims=True)
+        theirs = {k: v if k == "count" else np.squeeze(v / 255.0, axis=0) for k, v in theirs.items()}
+        same_bits(kept.statistics(), theirs)
+        kept.close()
     depth = (rng.random((120, 32, 48)) * 3).astype(np.float32)
     sampled = lerobot.sample_indices(120)
     theirs = lerobot.get_feature_stats(depth[sampled][:, None], axis=(0, 2, 3), keepdims=True)
