@@ -274,8 +274,11 @@ def test_reproducible_and_the_same_with_dataloader_workers(exported):
     seen = {}
     for workers in (0, 2):
         sampler = SegmentWindowSampler.from_dataset(dataset, mode="segment", chunk_size=4, num_samples=8, seed=5)
+        # Forked workers, as a training script on Linux gets them. This process has threads of earlier tests,
+        # and a fork taken while one of them holds a lock could hang a worker (Python warns of it): the timeout
+        # makes that a failure, not a hung suite. (Spawned workers cost 13 s more here: each imports torch.)
         loader = torch.utils.data.DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers,
-                                             collate_fn=_collate)
+                                             collate_fn=_collate, timeout=120 if workers else 0)
         seen[workers] = torch.cat([batch["index"] for batch in loader]).tolist()
     assert seen[0] == seen[2] == list(SegmentWindowSampler.from_dataset(
         dataset, mode="segment", chunk_size=4, num_samples=8, seed=5))
