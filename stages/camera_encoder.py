@@ -59,20 +59,24 @@ class CameraEncoder:
     """Encodes one camera of one attempt; :meth:`encode` returns whatever bytes the muxer produced."""
 
     def __init__(self, camera: CameraSpec, fps: int, settings: VideoSettings) -> None:
+        self._open(camera, fps, settings.codec, settings.codec_options(), settings.pix_fmt, "camera")
+
+    def _open(self, camera: CameraSpec, fps: int, codec: str, options: dict[str, str], pix_fmt: str,
+              kind: str) -> None:
+        """Open the muxer and the codec (``kind`` names the camera in errors: "camera", "depth camera")."""
         make_uninitialized_reads_deterministic()  # libx264 reads bytes it never wrote: see stages/malloc.py
         self.camera = camera
         self.frames = 0
         self._sink = _Sink()
         try:
             self._container = av.open(self._sink, mode="w", format="mp4", options={"movflags": FMP4_FLAGS})
-            self._stream = _video_stream(self._container.add_stream(settings.codec, rate=fps,
-                                                                    options=settings.codec_options()))
+            self._stream = _video_stream(self._container.add_stream(codec, rate=fps, options=options))
             self._stream.width = camera.width
             self._stream.height = camera.height
-            self._stream.pix_fmt = settings.pix_fmt
+            self._stream.pix_fmt = pix_fmt
             open_encoder(self._stream)
         except Exception as exc:
-            raise EncoderError(f"camera {camera.name!r}: cannot open {settings.codec} encoder: {exc}") from exc
+            raise EncoderError(f"{kind} {camera.name!r}: cannot open {codec} encoder: {exc}") from exc
 
     def _video_frame(self, image: np.ndarray) -> av.VideoFrame:
         expected = (self.camera.height, self.camera.width, 3)
@@ -116,22 +120,9 @@ class DepthEncoder(CameraEncoder):
     codec options (HEVC, x265 lossless), so the stored codes are exactly the quantized depth."""
 
     def __init__(self, camera: CameraSpec, fps: int, identity: DepthVideoIdentity | None = None) -> None:
-        make_uninitialized_reads_deterministic()
-        self.camera = camera
         self.identity = identity or depth_video.lerobot_depth_identity()
-        self.frames = 0
-        self._sink = _Sink()
-        try:
-            self._container = av.open(self._sink, mode="w", format="mp4", options={"movflags": FMP4_FLAGS})
-            self._stream = _video_stream(self._container.add_stream(self.identity.codec, rate=fps,
-                                                                    options=depth_video.codec_options(self.identity)))
-            self._stream.width = camera.width
-            self._stream.height = camera.height
-            self._stream.pix_fmt = self.identity.pix_fmt
-            open_encoder(self._stream)
-        except Exception as exc:
-            raise EncoderError(f"depth camera {camera.name!r}: cannot open {self.identity.codec} encoder: "
-                               f"{exc}") from exc
+        self._open(camera, fps, self.identity.codec, depth_video.codec_options(self.identity), self.identity.pix_fmt,
+                   "depth camera")
 
     def _video_frame(self, image: np.ndarray) -> av.VideoFrame:
         if image.shape != self.camera.shape or image.dtype != np.float32:
