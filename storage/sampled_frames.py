@@ -4,11 +4,13 @@ LeRobot's camera statistics use the frames ``sample_indices(N)`` picks, and N is
 ends; for every frame there is a length that picks it, so no frame can be dropped early. Each frame's strided
 pixels (what ``auto_downsample_height_width`` keeps: the whole frame below 300 px, about 150 px above) are
 appended to an unlinked temporary file, which the kernel's page cache holds and which never outlives the
-process (a strided RGB frame's as its three planes, (3, h, w): numpy copies a strided (h, w, 3) view one 3-byte
-pixel at a time, and one channel at a time it takes half the time or less, in the layout the sums want; a
-frame kept whole is copied as it is, which is a plain memory copy); when the attempt ends, the sampled frames are read back and summed (``storage/lerobot_stats.py``),
+process; when the attempt ends, the sampled frames are read back and summed (``storage/lerobot_stats.py``),
 and the file is closed. Memory stays at one frame whatever the episode length; the file holds at most
 N x (strided frame) bytes (150 KB per 224x224 RGB frame) while the attempt runs.
+
+A strided RGB frame is kept as its three planes, (3, h, w): numpy copies a strided (h, w, 3) view one 3-byte
+pixel at a time, and one channel at a time takes half the time or less, in the layout the sums want. A frame
+kept whole is copied as it is (a plain memory copy, faster than planes).
 """
 
 from __future__ import annotations

@@ -14,11 +14,12 @@ Zarr v3 sharding: each array stores one file per shard (``c/<i>/0``) plus its ``
 of up to 1024 frames is ``1 + 2 x arrays`` files whatever its length (11 for ALOHA, was 28), and a long one
 adds one file per array per 1024 frames. A shard is written once, whole: the writer buffers a shard's rows
 (1024 x row bytes: ~150 KB for ALOHA) and a camera's bytes (at most 1 MiB), so memory stays bounded for any
-episode length. (A shard of video passes through zarr's write path as three more copies: the buffer is what
-an attempt's peak memory grows by as it gets longer, so it is 1 MiB, not the 4 MiB of earlier stores, which
-are read as they are: a reader takes each array's shard size from its metadata.) Inside a shard, chunks keep ``chunk_frames`` rows so a reader can decode a few frames
-without the whole shard, and a video tail pads to 64 KiB, not to the 1 MiB chunk of format 1 (a 20-frame
-toy episode took 1.1 MB on disk, now ~70 KB).
+episode length. (zarr's write path copies a video shard twice more, for its checksum and the shard's
+assembly, so three shards' worth is what an attempt's peak memory grows by as it gets longer: 1 MiB shards,
+not the 4 MiB of earlier stores, which are read as they are, a reader taking each array's shard size from
+its metadata.) Inside a shard, chunks keep ``chunk_frames`` rows so a reader can decode a few frames without
+the whole shard, and a video tail pads to 64 KiB, not to the 1 MiB chunk of format 1 (a 20-frame toy episode
+took 1.1 MB on disk, now ~70 KB).
 
 Arrays are created with a fixed, very large shape and written shard by shard, so no write ever rewrites
 ``zarr.json`` (zarr's ``append`` writes the new shape before the data: after a crash the shape can run ahead

@@ -69,7 +69,8 @@ def test_long_episode_adds_one_file_per_array_per_shard_and_buffers_at_most_a_sh
     shard_rows = layout.chunk_frames * SHARD_CHUNKS
     assert peak <= shard_rows * (14 + 14 + 1 + 8) * 4 + VIDEO_SHARD_BYTES + 3000
     # 2500 frames = 3 shards per numeric array, 7.5 MB = 8 video shards; + 5 zarr.json + the group's
-    assert sum(1 for f in writer.path.rglob("*") if f.is_file()) == 4 * 3 + -(-frames * 3000 // VIDEO_SHARD_BYTES) + 5 + 1
+    video_shards = -(-frames * 3000 // VIDEO_SHARD_BYTES)
+    assert sum(1 for f in writer.path.rglob("*") if f.is_file()) == 4 * 3 + video_shards + 5 + 1
     staging.make_durable("ep00000000-a00")
     back = staging.read_episode("ep00000000-a00", frames, sizes)
     assert back.content_hash() == writer.content_hash() and len(back.video["top"]) == frames * 3000
@@ -87,7 +88,8 @@ def test_video_shards_of_another_size_are_read_by_their_metadata_and_a_missing_o
     its zarr.json, so such an episode reads back whole, and a lost shard of it is still an error."""
     import demoforge.storage.staging as staging_module
 
-    layout = StagingLayout(state_shapes={"observation.state": (2,)}, action_shape=(2,), cameras=(CameraSpec("top", 8, 8),))
+    layout = StagingLayout(state_shapes={"observation.state": (2,)}, action_shape=(2,),
+                           cameras=(CameraSpec("top", 8, 8),))
     staging = StagingStore(tmp_path / "store", layout)
     monkeypatch.setattr(staging_module, "VIDEO_SHARD_BYTES", 4 * VIDEO_SHARD_BYTES)  # as the older code wrote
     writer = staging.open_episode("ep00000000-a00")
