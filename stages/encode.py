@@ -6,8 +6,9 @@ into another episode. Each camera is encoded by its own long-lived thread (PyAV 
 encodes), fed through a bounded queue: see stages/encode_lanes.py.
 
 The encoders (stages/camera_encoder.py) of a recorded attempt also keep the pixels LeRobot's episode
-statistics could sample (``RecordingEncoder``); when the attempt ends, each camera hands over its last bytes with its statistics
-(``storage/sampled_frames.py``), which are committed with the episode, so export never decodes video.
+statistics could sample (``RecordingEncoder``); when the attempt ends, each camera hands over its last bytes
+with its statistics (``storage/sampled_frames.py``), which are committed with the episode, so export never
+decodes video.
 """
 
 from __future__ import annotations

@@ -509,35 +509,29 @@ class StagingStore:
         wanted = {array_path(name, staging_format): frames for name in numeric}
         wanted |= {array_path(f"video/{c}", staging_format): video_bytes[c] for c in self.layout.camera_names}
         try:
-            got, units = zarr_sync(_read_arrays(self.episode_path(episode_id), wanted))
+            got, layouts = zarr_sync(_read_arrays(self.episode_path(episode_id), wanted))
         except (ValueError, KeyError, FileNotFoundError, OSError) as exc:
             raise StagingCorruptError(f"episode {episode_id}: {type(exc).__name__}: {exc}") from exc
         values = [got[array_path(name, staging_format)] for name in numeric]
         state = dict(zip(self.layout.state_shapes, values[:-3]))
         action, reward, annotations = values[-3:]
         video = {c: got[array_path(f"video/{c}", staging_format)].tobytes() for c in self.layout.camera_names}
-        self._check_chunks_exist(episode_id, frames, video_bytes, staging_format,
-                                 {c: units[array_path(f"video/{c}", staging_format)] for c in video_bytes})
+        self._check_chunks_exist(episode_id, wanted, layouts)
         return StagedEpisode(state, action, reward, annotations, video, stats if staging_format >= 3 else None)
 
-    def _check_chunks_exist(self, episode_id: str, frames: int, video_bytes: Mapping[str, int],
-                            staging_format: int, video_units: Mapping[str, int]) -> None:
+    def _check_chunks_exist(self, episode_id: str, lengths: Mapping[str, int],
+                            layouts: Mapping[str, tuple[int, int]]) -> None:
         """A missing chunk (format 1) or shard (format 2) reads back as the fill value; make that an error for
-        committed data. (Within a shard every chunk is listed in the shard's checksummed index.) ``video_units``:
-        each camera's bytes per file, as its array's metadata says (stores of other versions used other sizes)."""
+        committed data. (Within a shard every chunk is listed in the shard's checksummed index.) ``lengths``:
+        each array's durable rows (bytes for a video); ``layouts``: its rows per file and its number of
+        dimensions, as its metadata says (stores of other formats and versions used other sizes)."""
         base = self.episode_path(episode_id)
-        rows = self.layout.chunk_frames * (SHARD_CHUNKS if staging_format >= 2 else 1)
         expected: list[Path] = []
-        n_files = -(-frames // rows)
-        row_dims = {**{f"state/{f}": len(s) for f, s in self.layout.state_shapes.items()},
-                    "action": len(self.layout.action_shape), "reward": 0, "annotations": 1}
-        for name, dims in row_dims.items():
-            folder = base / array_path(name, staging_format) / "c"
-            expected += [folder / str(i) / ("/".join(["0"] * dims)) if dims else folder / str(i)
-                         for i in range(n_files)]
-        for camera, size in video_bytes.items():
-            folder = base / array_path(f"video/{camera}", staging_format) / "c"
-            expected += [folder / str(i) for i in range(-(-size // video_units[camera]))]
+        for path, length in lengths.items():
+            rows, ndim = layouts[path]
+            folder = base / path / "c"
+            inner = "/".join(["0"] * (ndim - 1))  # a row's own dimensions are one chunk wide
+            expected += [folder / str(i) / inner if inner else folder / str(i) for i in range(-(-length // rows))]
         missing = [str(p.relative_to(base)) for p in expected if not p.exists()]
         if missing:
             raise StagingCorruptError(f"episode {episode_id}: missing chunks {missing[:5]}")
@@ -555,15 +549,16 @@ def _async_array(node: object, name: str) -> zarr.AsyncArray[Any]:
     return node
 
 
-async def _read_arrays(group_path: Path, lengths: Mapping[str, int]) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+async def _read_arrays(group_path: Path, lengths: Mapping[str, int]
+                       ) -> tuple[dict[str, np.ndarray], dict[str, tuple[int, int]]]:
     """The first ``lengths[name]`` rows of each array of a staged episode, all read concurrently in one trip to
     zarr's I/O loop (one sync call per array costs a thread hand-off each, which dominated reading), and each
-    array's rows per file (its shard, or its chunk where unsharded)."""
+    array's rows per file (its shard, or its chunk where unsharded) and number of dimensions."""
     group = await zarr.api.asynchronous.open_group(store=str(group_path), mode="r")
     names = list(lengths)
     arrays = await asyncio.gather(*(group.getitem(name) for name in names))
     data = await asyncio.gather(*(_async_array(array, name).getitem(slice(0, lengths[name]))
                                   for name, array in zip(names, arrays)))
-    units = {name: (array.shards or array.chunks)[0] for name, array in zip(names, arrays)
-             if isinstance(array, zarr.AsyncArray)}
-    return {name: np.asarray(values) for name, values in zip(names, data)}, units
+    layouts = {name: ((array.shards or array.chunks)[0], array.ndim) for name, array in zip(names, arrays)
+               if isinstance(array, zarr.AsyncArray)}
+    return {name: np.asarray(values) for name, values in zip(names, data)}, layouts
