@@ -105,8 +105,9 @@ def test_the_checker_sees_an_upward_import_and_a_circle() -> None:
 
 
 # The ground floor has floors of its own: its core (staging, catalog, the store, schema, video, the LeRobot
-# statistics leaf), then the LeRobot dataset format and its export, edit and repair (storage/lerobot/), then what
-# reads both a store and a dataset (replay's episode source, inspect, the samplers, the viewer).
+# statistics leaf and its compiled sums), then the LeRobot dataset format and its export, edit and repair
+# (storage/lerobot/), then what reads both a store and a dataset (replay's episode source, inspect, the
+# samplers, the viewer).
 STORAGE_READERS = ("demoforge.storage.episode_source", "demoforge.storage.inspect", "demoforge.storage.sampling",
                    "demoforge.storage.viewer")
 
@@ -127,8 +128,11 @@ def test_inside_the_ground_floor_imports_point_down_too() -> None:
     upward = sorted(f"{m} -> {t}" for m, targets in storage.items() for t in targets
                     if storage_floor(t) > storage_floor(m))
     assert not upward, "imports from a lower floor of storage/ to a higher one:\n" + "\n".join(upward)
-    leaf = graph["demoforge.storage.lerobot_stats"]
+    # The statistics and their compiled sums (storage/rgb_sums.py) import nothing else of demoforge.
+    leaf = graph["demoforge.storage.lerobot_stats"] - {"demoforge.storage.rgb_sums"}
     assert not leaf, f"storage/lerobot_stats.py must stay a leaf; it imports {sorted(leaf)}"
+    sums = graph["demoforge.storage.rgb_sums"]
+    assert not sums, f"storage/rgb_sums.py must stay a leaf; it imports {sorted(sums)}"
 
 
 def test_public_class_names_are_unique_across_the_floors() -> None:

@@ -243,6 +243,10 @@ def test_stats_arithmetic_is_lerobots_to_the_bit() -> None:
         theirs = {k: v if k == "count" else np.squeeze(v / 255.0, axis=0) for k, v in theirs.items()}
         same_bits(kept.statistics(), theirs)
         kept.close()
+        # The export sums strided views of decoded frames where they lie (no copy): the same bits.
+        same_bits(lerobot_stats.rgb_stats(lerobot_stats.strided(frames[i]) for i in sampled), theirs)
+    with pytest.raises(ValueError, match=r"\(h, w, 3\) uint8.*float32"):
+        lerobot_stats.RgbStats().add(np.zeros((4, 4, 3), np.float32))
     depth = (rng.random((120, 32, 48)) * 3).astype(np.float32)
     sampled = lerobot.sample_indices(120)
     theirs = lerobot.get_feature_stats(depth[sampled][:, None], axis=(0, 2, 3), keepdims=True)

@@ -28,7 +28,7 @@ def test_built_wheel_installs_into_a_clean_venv_and_runs(tmp_path: Path) -> None
     # Build from a copy (symlinks kept as links): setuptools leaves a build/ folder beside the sources.
     source = tmp_path / "src"
     shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "runs", "out", "*.egg-info", "__pycache__", ".pytest_cache", ".mypy_cache"))
+        ".git", ".venv", "build", "runs", "out", "*.egg-info", "__pycache__", ".pytest_cache", ".mypy_cache", "*.so"))
     dist = tmp_path / "dist"
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                             "-w", str(dist), str(source)], capture_output=True, text=True, timeout=300,
@@ -41,6 +41,8 @@ def test_built_wheel_installs_into_a_clean_venv_and_runs(tmp_path: Path) -> None
         expected = {f"demoforge/{folder}/{p.relative_to(REPO / folder).as_posix()}"
                     for p in (REPO / folder).rglob("*.py")}
         assert expected and expected <= names, sorted(expected - names)[:5]
+    # The one compiled part (storage/rgb_sums.c), built by the wheel itself (the copy left the checkout's out).
+    assert [n for n in names if n.startswith("demoforge/storage/_rgb_sums") and n.endswith(".so")], sorted(names)[:5]
 
     # A clean venv; the heavy dependencies (torch, lerobot, mujoco) come from the test venv as a plain path
     # entry, which does not run that venv's .pth files, so the editable checkout stays invisible.
@@ -57,6 +59,14 @@ def test_built_wheel_installs_into_a_clean_venv_and_runs(tmp_path: Path) -> None
                            cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_clean_env())
     assert where.returncode == 0, where.stderr
     assert Path(where.stdout.strip()).is_relative_to(target), where.stdout
+
+    # The installed package computes a camera's statistics with its compiled sums.
+    stats = subprocess.run([str(target / "bin" / "python"), "-c",
+                            "import numpy as np; from demoforge.storage.lerobot_stats import rgb_stats; "
+                            "print(rgb_stats([np.full((4, 4, 3), 51, np.uint8)] * 2)['mean'].ravel().tolist())"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_clean_env())
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout) == pytest.approx([0.2, 0.2, 0.2]), stats.stdout
 
     tasks = subprocess.run([str(target / "bin" / "demoforge"), "tasks", "--json"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=300, env=_clean_env(), stdin=subprocess.DEVNULL)

@@ -47,17 +47,18 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 
-# 3. Python packages; the stamp holds a hash of pyproject.toml so edits trigger a reinstall.
+# 3. Python packages and the one C loop (storage/rgb_sums.c, built in place by the editable install); the stamp
+# holds a hash of what the install reads, so an edit of any of it, or a missing build, triggers a reinstall.
 stamp=.venv/.demoforge-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+want=$(cat pyproject.toml setup.py storage/rgb_sums.c | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! compgen -G 'storage/_rgb_sums*.so' >/dev/null; then
     say "installing Python packages (first run downloads a few GiB: torch comes as a CUDA build)"
     .venv/bin/python -m pip install -q --upgrade pip </dev/null
     .venv/bin/python -m pip install -q -e '.[test,ray]' </dev/null  # one resolve: see pyproject's ray extra
     echo "$want" > "$stamp"
 fi
 # The editable install maps the repository folders into the demoforge package; check that it imports.
-MUJOCO_GL=egl .venv/bin/python -c 'import demoforge.pipeline, demoforge.storage, demoforge.stages' \
+MUJOCO_GL=egl .venv/bin/python -c 'import demoforge.pipeline, demoforge.storage, demoforge.stages, demoforge.storage.rgb_sums' \
     || { rm -f "$stamp"; say "import check failed; re-run tools/setup.sh"; exit 1; }
 # Bytecode for the project's own modules, written once here: where PYTHONDONTWRITEBYTECODE is set (as on this
 # workplace's machines) every CLI process, worker and encoder child would otherwise compile them again (about
