@@ -156,6 +156,12 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
             self.slot, self.pid, self.host = slot, None, "synthetic"
             self.name = f"synthetic worker {slot}"
 
+        async def ready(self) -> None:
+            pass
+
+        async def unplaced(self) -> str | None:
+            return None
+
         async def pieces(self, lease):
             for piece in pieces_of(AttemptKey(lease.episode_index, lease.first_attempt)):
                 yield piece
@@ -174,6 +180,9 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
 
         async def start_worker(self, slot: int, spec: Any) -> SyntheticWorker:
             return SyntheticWorker(slot)
+
+        async def lacks_room(self) -> str | None:
+            return None
 
         async def aclose(self) -> None:
             pass
