@@ -10,8 +10,8 @@ without the lock, in 0.05 ms.
 Why C and not numba, which compiles the same loop to the same speed: numba costs 0.6-0.8 s of CPU in every
 process that calls it, even with its on-disk cache (importing it, then loading the compiled code), and the
 recorder's encoder process is started for each job: on a 360-frame job that is more than the loop saves. The
-C loop is built by ``pip install`` (setuptools, the gcc that tools/setup.sh installs) and loaded with
-``ctypes`` in about a millisecond.
+C loop is built by ``pip install`` (setuptools, the gcc that tools/setup.sh installs; a second checkout sharing a
+venv builds its own with ``setup.py build_ext --inplace``) and loaded with ``ctypes`` in about a millisecond.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ _LIBRARY = "demoforge.storage._rgb_sums"
 def _load() -> ctypes._NamedFuncPointer:
     spec = importlib.util.find_spec(_LIBRARY)
     if spec is None or spec.origin is None:
-        raise ImportError(f"{_LIBRARY} (storage/rgb_sums.c) is not built: run `.venv/bin/pip install -e .` from "
-                          "the repository root (it needs gcc)")
+        raise ImportError(f"{_LIBRARY} (storage/rgb_sums.c) is not built: run `bash tools/setup.sh` from the "
+                          "repository root (it needs gcc); in a second checkout that shares another's venv, "
+                          "`.venv/bin/python setup.py build_ext --inplace` builds it there")
     function = ctypes.CDLL(spec.origin).demoforge_add_rgb_pixels  # CDLL: the call releases the interpreter lock
     size = ctypes.c_ssize_t
     function.argtypes = [ctypes.c_void_p, size, size, size, size, size, ctypes.c_void_p, ctypes.c_void_p,
