@@ -9,7 +9,7 @@ and the file is closed. Memory stays at one frame whatever the episode length; t
 N x (strided frame) bytes (150 KB per 224x224 RGB frame) while the attempt runs.
 
 A strided RGB frame is kept as its three planes, (3, h, w): numpy copies a strided (h, w, 3) view one 3-byte
-pixel at a time, and one channel at a time takes half the time or less, in the layout the sums want. A frame
+pixel at a time, and one channel at a time takes half the time or less (the sums read any layout). A frame
 kept whole is copied as it is (a plain memory copy, faster than planes).
 """
 
