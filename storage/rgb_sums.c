@@ -2,7 +2,7 @@
  *
  * Per channel: a float32 sum of the values and one of their squares, each taken pixel after pixel in row-major
  * order (the order of LeRobot's sequential float32 sum), and counts of the 256 values. Built without fast-math
- * and with contraction off (pyproject.toml), so every addition rounds to float32 exactly as numpy's does.
+ * and with contraction off (setup.py), so every addition rounds to float32 exactly as numpy's does.
  * Strides are in bytes and may be anything numpy allows (a strided view is read where it lies). */
 #include <stddef.h>
 #include <stdint.h>

@@ -84,9 +84,9 @@ def generate(store: Path, episodes: int, *extra: str) -> dict[str, Any]:
 
 def settle_ray(busy_below: float = 0.10, limit_s: float = 60.0) -> float:
     """Wait until the local Ray just started has finished starting: its processes (this process's descendants:
-    the GCS, the raylet and the idle workers it prestarts) use less than ``busy_below`` of a core over a second.
-    A cluster timed while it still starts charges its start-up (4-7 s of CPU here) to the first job; a user's
-    cluster is up before the job. Returns the seconds waited (at most ``limit_s``)."""
+    the GCS, the raylet and the idle workers it prestarts) use less than ``busy_below`` of a core over a second,
+    so what they still do after ``ray.init`` returns is not timed with the job (a user's cluster is up before
+    the job). Here that took 1 s. Returns the seconds waited (at most ``limit_s``)."""
     import psutil
 
     def cpu() -> float:
