@@ -66,9 +66,12 @@ def spans(dataset: Path, key: str = CAM) -> list[tuple[Path, float, float]]:
 def packets(path: Path, start: float, end: float, fps: int) -> list[str]:
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
+        if stream.time_base is None:
+            raise ValueError(f"{path}: its video stream has no time base")
         tb = Fraction(stream.time_base)
-        return [hashlib.sha256(bytes(p)).hexdigest() for p in container.demux(stream)
-                if p.size and p.pts is not None and start - 0.5 / fps <= float(p.pts * tb) < end - 0.5 / fps]
+        hashes = [hashlib.sha256(bytes(p)).hexdigest() for p in container.demux(stream)
+                  if p.size and p.pts is not None and start - 0.5 / fps <= float(p.pts * tb) < end - 0.5 / fps]
+    return hashes
 
 
 def frames(path: Path, start: float, end: float, fps: int) -> list[np.ndarray]:

@@ -26,6 +26,7 @@ All outputs go to a temporary directory that is removed at the end.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import itertools
 import json
@@ -498,6 +499,12 @@ def table_b(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         quiet_ffmpeg()
         return bench_lerobot_recorder(eps, frames, RGBEncoderConfig(**kwargs), streaming, tmp / f"lr-{next(counter)}")
 
+    def counted_demoforge(settings: VideoSettings) -> dict[str, Any]:
+        return count_demoforge(demoforge(settings))
+
+    def counted_lerobot(kwargs: dict[str, Any], streaming: bool) -> dict[str, Any]:
+        return count_lerobot(lerobot(kwargs, streaming))
+
     for label, settings, lr_kwargs in codec_cases(args):
         ours, theirs = settings.codec_options(), RGBEncoderConfig(**lr_kwargs).get_codec_options(as_strings=True)
         if ours != theirs:
@@ -505,11 +512,11 @@ def table_b(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         log(f"(b) {label}: demoforge, LeRobot streaming writer, encoder ceiling x{args.repeat_b}; then LeRobot's "
             "default writer once")
         res = run_rotated(args.repeat_b, [
-            ("demoforge", lambda s=settings: count_demoforge(demoforge(s))),
-            ("lerobot streaming", lambda k=lr_kwargs: count_lerobot(lerobot(k, True))),
-            ("encoder ceiling", lambda s=settings: bench_encoder_ceiling(eps, frames, s)),
+            ("demoforge", functools.partial(counted_demoforge, settings)),
+            ("lerobot streaming", functools.partial(counted_lerobot, lr_kwargs, True)),
+            ("encoder ceiling", functools.partial(bench_encoder_ceiling, eps, frames, settings)),
         ])
-        res |= run_rotated(1, [("lerobot default", lambda k=lr_kwargs: count_lerobot(lerobot(k, False)))])
+        res |= run_rotated(1, [("lerobot default", functools.partial(counted_lerobot, lr_kwargs, False))])
         results["cases"][label] = {"codec": settings.codec, "options": ours, **res}
         quiet_ffmpeg()
     _POOL.clear()

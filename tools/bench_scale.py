@@ -26,6 +26,7 @@ env build, worker start), as a user sees them. The machine is shared: numbers sw
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import resource
@@ -35,7 +36,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+
+    from demoforge.pipeline.workers.driver import WorkerHandle
+    from demoforge.pipeline.workers.episode_worker import WorkerSpec
+    from demoforge.stages.records import EpisodeAssignment
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -126,6 +135,11 @@ def video_bytes_per_frame(store: Path) -> float:
 
 
 # ----------------------------------------------------------------------------------------- (c) ingest
+def no_env(options: Any) -> gym.Env:
+    """The ingest task's env: never built, since its workers replay pieces without stepping anything."""
+    raise RuntimeError("the ingest benchmark's task has no env: its synthetic workers step nothing")
+
+
 def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_per_episode: int, episodes: int,
            workers: int, packet_bytes: int) -> dict[str, Any]:
     """Write + commit alone, fed by synthetic workers that replay pre-encoded pieces instantly."""
@@ -146,7 +160,7 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
     info = TaskInfo(name=name, description="synthetic", instruction="", fps=fps, action_shape=(14,),
                     state_shapes={"observation.state": (14,)}, cameras=specs, segment_names=("all",))
     try:
-        register(TaskEntry(name=name, defaults={}, describe=lambda o: info, make_env=lambda o: None))
+        register(TaskEntry(name=name, defaults={}, describe=lambda o: info, make_env=no_env))
     except ValueError:
         pass
     # The writer appends encoded bytes without looking into them: packets of the measured size stand in for
@@ -164,7 +178,7 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
     state = {"observation.state": np.zeros(14, np.float32)}
     action = np.zeros(14, np.float32)
 
-    def pieces_of(key: AttemptKey, batch: int = 16):
+    def pieces_of(key: AttemptKey, batch: int = 16) -> Iterator[Piece]:
         records: list[Any] = [AttemptStarted(key, 0, 0, 0)]
         for i in range(frames_per_episode):
             ann = Annotations(episode_step=i, segment_id=0, segment_step=i, segment_start=i == 0,
@@ -182,7 +196,9 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
 
     class SyntheticWorker:
         def __init__(self, slot: int) -> None:
-            self.slot, self.pid, self.host = slot, None, "synthetic"
+            self.slot = slot
+            self.pid: int | None = None
+            self.host = "synthetic"
             self.name = f"synthetic worker {slot}"
 
         async def ready(self) -> None:
@@ -191,7 +207,7 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
         async def unplaced(self) -> str | None:
             return None
 
-        async def pieces(self, lease):
+        async def pieces(self, lease: EpisodeAssignment) -> AsyncIterator[Piece]:
             for piece in pieces_of(AttemptKey(lease.episode_index, lease.first_attempt)):
                 yield piece
 
@@ -207,7 +223,7 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
         async def connect(self) -> str:
             return "synthetic"
 
-        async def start_worker(self, slot: int, spec: Any) -> SyntheticWorker:
+        async def start_worker(self, slot: int, spec: WorkerSpec) -> WorkerHandle:
             return SyntheticWorker(slot)
 
         async def lacks_room(self) -> str | None:
@@ -217,7 +233,7 @@ def ingest(store: Path, cameras: int, height: int, width: int, fps: int, frames_
             pass
 
     real = driver.make_backend
-    driver.make_backend = lambda config: SyntheticBackend()  # type: ignore[assignment]
+    driver.make_backend = lambda config: SyntheticBackend()
     try:
         shutil.rmtree(store, ignore_errors=True)
         spec = JobSpec(task=name, episodes=episodes, video=video)
@@ -277,10 +293,10 @@ def main() -> None:
             ray_tmp = tempfile.mkdtemp(prefix="dfray")
             os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
             context = ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=256 << 20,
-                               _temp_dir=ray_tmp, logging_level="ERROR", log_to_driver=False)
+                               _temp_dir=ray_tmp, logging_level=logging.ERROR, log_to_driver=False)
             try:
                 log(f"  Ray up; settled after {settle_ray():.1f} s")
-                address = context.address_info["gcs_address"]
+                address = context.address_info["gcs_address"]  # type: ignore[attr-defined]
                 timed("ray1", "ray, 1 actor",
                       lambda: generate(tmp / "ray1", n, "--executor", "ray", "--ray-address", address))
             finally:
@@ -336,12 +352,12 @@ def main() -> None:
     print("| (c) driver ingest (write + commit only) | frames/s | episodes/s | MB/s of video | video KB/frame/camera "
           "| frames per driver CPU-second | workers served (wall) | workers served (driver CPU) |")
     print("|---|---|---|---|---|---|---|---|")
-    for label, r in (("ALOHA: 1 camera 224x224 AV1, 400-frame episodes", aloha_in),
-                     ("2 cameras 480x640 AV1, 300-frame episodes", two_cam)):
-        served = (f"{r['frames_per_s'] / worker_rate:.0f} | {r['frames_per_cpu_s'] / worker_rate:.0f}"
-                  if r is aloha_in else "n/a (no measured worker for this task) | n/a")
-        print(f"| {label} | {r['frames_per_s']:.0f} | {r['episodes_per_s']:.2f} | {r['mb_per_s']:.1f} | "
-              f"{r['video_kb_per_frame']:.1f} | {r['frames_per_cpu_s']:.0f} | {served} |")
+    for label, measured in (("ALOHA: 1 camera 224x224 AV1, 400-frame episodes", aloha_in),
+                            ("2 cameras 480x640 AV1, 300-frame episodes", two_cam)):
+        served = (f"{measured['frames_per_s'] / worker_rate:.0f} | {measured['frames_per_cpu_s'] / worker_rate:.0f}"
+                  if measured is aloha_in else "n/a (no measured worker for this task) | n/a")
+        print(f"| {label} | {measured['frames_per_s']:.0f} | {measured['episodes_per_s']:.2f} | {measured['mb_per_s']:.1f} | "
+              f"{measured['video_kb_per_frame']:.1f} | {measured['frames_per_cpu_s']:.0f} | {served} |")
     print()
     busy = aloha_in["busy"]
     print(f"Workers served = ingest rate / {worker_rate:.1f} frames/s, the ALOHA env-only rate per CPU-second in (a) "

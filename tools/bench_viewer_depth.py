@@ -61,7 +61,7 @@ def main() -> None:
             print(f"{'episode':<16}{'frames':>7}{'size':>10}{'decode s':>10}{'encode s':>10}{'preview s':>11}"
                   f"{'rgb remux s':>13}{'ratio':>7}{'preview kB':>12}")
             for row in view.catalog.committed():
-                staged = staging.read_episode(row.episode_id, row.frames, row.video_bytes)
+                staged = staging.read_episode(row.episode_id, row.frames or 0, row.video_bytes)
                 cam = depth_cams[0]
                 decode, encode, remux, size = [], [], [], 0
                 for _ in range(args.repeat):

@@ -573,7 +573,7 @@ class Campaign:
         report = validate_dataset(out)
         if report.status != 0 or report.episodes != len(ids):
             trial.bad("published_consistent", f"after the kill validate says {report.status}: "
-                                              f"{(report.problems or [report.load_error])[:3]}")
+                                              f"{(report.problems or [str(report.load_error)])[:3]}")
 
     def _check_dataset_rows(self, trial: Trial, ds: dict[str, Any], committed: dict[str, dict], inv: str) -> None:
         episodes = ds["marker"]["episodes"]
@@ -654,7 +654,7 @@ class Campaign:
         report = validate_dataset(out, expect_segments=None)
         if report.status != 0 or report.episodes != self.n:
             trial.bad("dataset_validates", f"validate status {report.status}, {report.episodes} episodes: "
-                                           f"{(report.problems or [report.load_error])[:3]}")
+                                           f"{(report.problems or [str(report.load_error)])[:3]}")
 
     def _export_check(self, trial: Trial, folder: Path, state: dict[str, Any]) -> None:
         store, out = folder / "store", folder / "dataset"

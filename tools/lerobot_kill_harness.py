@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -189,7 +190,7 @@ def landing(log_lines: list[list[str]], returncode: int | None, killed: bool) ->
 
 def run_trial(i: int, args, out: Path) -> dict:
     chosen = args.configs if args.configs is not None else list(range(len(CONFIGS)))
-    cfg = dict(CONFIGS[chosen[i % len(chosen)]])
+    cfg: dict[str, Any] = dict(CONFIGS[chosen[i % len(chosen)]])
     rng = random.Random(f"{args.seed}-{i}")
     mode = KILL_MODES[(i + i // len(CONFIGS)) % 2]
     tdir = out / f"trial-{i:03d}"
@@ -254,7 +255,7 @@ def run_trial(i: int, args, out: Path) -> dict:
         kill_time = time.monotonic() - t_start
     proc.wait()
     lines = parse_log(log_path)
-    rec = {
+    rec: dict[str, Any] = {
         "trial": i,
         "dir": str(tdir),
         "config": {k: cfg[k] for k in ("streaming_encoding", "vcodec", "batch_encoding_size")},
@@ -359,8 +360,8 @@ def video_state(path: Path, saved: list[dict]) -> dict:
     st["frames_decoded"] = len(frames)
     # Which saved episodes are fully present, assuming the file is the concatenation of episodes 0, 1, ...
     pos, full = 0, []
-    for s in saved:
-        ep, n = s["episode"], s["length"]
+    for entry in saved:
+        ep, n = entry["episode"], entry["length"]
         if pos + n > len(frames):
             break
         worst = min(psnr(frames[pos + f], expected_image(ep, f)) for f in range(n))
@@ -391,7 +392,7 @@ def inspect_state(root: Path, tmpdir: Path, saved: list[dict]) -> dict:
     if not root.exists():
         return st
     files = {}
-    png_dirs = {}
+    png_dirs: dict[str, int] = {}
     for p in sorted(root.rglob("*")):
         if p.is_file():
             rel = str(p.relative_to(root))
@@ -502,6 +503,7 @@ def repair_and_check(rec: dict, template: str, timeout: float) -> dict:
         shutil.rmtree(out)
     cmd = template.format(dataset=str(tdir / "dataset"), out=str(out))
     t0 = time.monotonic()
+    rc: int | str
     try:
         p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=timeout,
                            env=dict(os.environ, HF_HUB_OFFLINE="1"))

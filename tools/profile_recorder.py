@@ -115,10 +115,10 @@ class ThreadCPU:
         self.sample()
 
     def by_name(self) -> dict[str, float]:
-        out: collections.Counter[str] = collections.Counter()
+        out: dict[str, float] = collections.defaultdict(float)
         for tid, (name, cpu) in self.seen.items():
             out[name] += cpu - self.start.get(tid, (name, 0.0))[1]
-        return dict(out.most_common())
+        return dict(sorted(out.items(), key=lambda item: -item[1]))
 
 
 def main(argv: list[str] | None = None) -> int:

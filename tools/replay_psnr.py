@@ -35,7 +35,7 @@ def measure(store: Path) -> dict[str, list[float]]:
                         mine.setdefault(camera, []).append(np.asarray(image, dtype=np.uint8).copy())
 
             settings = ReplaySettings()
-            replay = Capture(envs.get(ref.task, episode.task_options), episode,
+            replay = Capture(envs.get(ref.task, episode.task_options or {}), episode,
                              tolerance=settings.tolerance(ref.task), camera_frames=lambda c: [])
             divergence, _, _ = replay.run()
             if divergence is not None:
