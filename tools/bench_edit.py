@@ -105,11 +105,14 @@ def fidelity(source: Path, result: Path, kept: list[int], fps: int) -> dict[str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--episodes", type=int, default=200)
+    parser.add_argument("--episodes", type=int, default=200,
+                        help="episodes of the generated dataset (default 200; at least 10: every 10th is deleted)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of each operation on each side (median)")
     parser.add_argument("--work", type=Path, default=Path("runs/bench-edit"),
                         help="where the dataset is generated (reused) and the edits are written")
     args = parser.parse_args()
+    if args.episodes < 10:
+        parser.error(f"--episodes must be at least 10 (every 10th episode is deleted), got {args.episodes}")
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     from lerobot.datasets.dataset_tools import delete_episodes, split_dataset
     from lerobot.datasets.lerobot_dataset import LeRobotDataset

@@ -38,11 +38,13 @@ def _run(argv: list[str]) -> tuple[float, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", action="append", default=None)
-    parser.add_argument("--episodes", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--task", action="append", default=None,
+                        help="a task to measure; repeat for more (default fetch-pick-place and metaworld-pick-place-v3)")
+    parser.add_argument("--episodes", type=int, default=10, help="episodes generated and rerendered per round (default 10)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of generate and rerender (default 2)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a task option for both commands, e.g. image_size=224; repeat for more (default none)")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table (default off)")
     args = parser.parse_args()
     rows = []
     for task in args.task or ["fetch-pick-place", "metaworld-pick-place-v3"]:

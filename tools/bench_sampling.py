@@ -137,12 +137,14 @@ def fmt(seconds: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--episodes", type=int, nargs="+", default=[1000, 10_000, 100_000])
-    parser.add_argument("--frames", type=int, default=300)
-    parser.add_argument("--chunk", type=int, default=16)
-    parser.add_argument("--mode", default="segment", choices=["episode", "segment", "boundary"])
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--episodes", type=int, nargs="+", default=[1000, 10_000, 100_000],
+                        help="index sizes to measure, one row each (default 1000 10000 100000)")
+    parser.add_argument("--frames", type=int, default=300, help="frames per synthetic episode (default 300)")
+    parser.add_argument("--chunk", type=int, default=16, help="window length in frames (default 16)")
+    parser.add_argument("--mode", default="segment", choices=["episode", "segment", "boundary"],
+                        help="which windows are eligible, as the samplers' modes (default segment)")
+    parser.add_argument("--batch", type=int, default=64, help="windows drawn per batch (default 64)")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table (default off)")
     args = parser.parse_args()
     load_before = os.getloadavg()
     rows = [bench(n, args.frames, args.mode, args.chunk, args.batch) for n in args.episodes]

@@ -56,13 +56,14 @@ def bench(task: str, seeds: int, options: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=50)
-    parser.add_argument("--task", action="append", default=None)
+    parser.add_argument("--seeds", type=int, default=50, help="episode indices (seeds) run per task (default 50)")
+    parser.add_argument("--task", action="append", default=None,
+                        help="a task to measure; repeat for more (default fetch-pick-place and aloha-transfer-cube)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="applied to every task that has the option")
     parser.add_argument("--per-axis", action="store_true",
                         help="each task without randomization, with each axis it supports, and with all of them")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table (default off)")
     args = parser.parse_args()
     tasks = args.task or ["fetch-pick-place", "aloha-transfer-cube"]
     rows = []

@@ -977,14 +977,19 @@ def invariant_table(summary: dict[str, Any], kinds: list[str], invariants: dict[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, required=True, help="kill trials in all (round-robin over kinds)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--kinds", default="generate,export,daemon")
-    parser.add_argument("--task", default="toy-point", choices=sorted(TASKS))
+    parser.add_argument("--seed", type=int, default=0, help="seed of the trials' kill moments and jobs (default 0)")
+    parser.add_argument("--kinds", default="generate,export,daemon",
+                        help="comma-separated kinds of trial among generate, export, daemon, nodes "
+                             "(default generate,export,daemon)")
+    parser.add_argument("--task", default="toy-point", choices=sorted(TASKS),
+                        help="the task the trials' jobs run (default toy-point)")
     parser.add_argument("--episodes", type=int, default=None, help="target episodes per trial")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
     parser.add_argument("--cli-resume", action="store_true",
                         help="resume export and daemon with the CLI too (slower: each pays the lerobot import)")
-    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where the trials' folders go, kept afterwards (default a temporary folder, removed "
+                             "when no invariant was violated and --keep is off)")
     parser.add_argument("--keep", action="store_true", help="keep every trial's folder")
     parser.add_argument("--nodes", type=int, default=2,
                         help="nodes kind: Ray nodes of one CPU besides the head (the job runs nodes+1 workers)")

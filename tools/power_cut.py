@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import queue
-import random
 import shutil
 import subprocess
 import sys

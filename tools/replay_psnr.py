@@ -65,7 +65,7 @@ def measure(store: Path) -> dict[str, list[float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stores", type=Path, nargs="+")
+    parser.add_argument("stores", type=Path, nargs="+", help="stores whose committed episodes are replayed and compared")
     args = parser.parse_args()
     print(f"{'store':40} {'codec':10} {'size':9} {'compared':13} {'frames':>6} {'min':>6} {'p1':>6} "
           f"{'median':>6} {'max':>6}  (dB)")

@@ -74,12 +74,13 @@ deadline_seconds = 30
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=1200)
-    parser.add_argument("--interval", type=float, default=10)
-    parser.add_argument("--task", default="fetch-pick-place")
+    parser.add_argument("--duration", type=float, default=1200, help="seconds the daemon runs (default 1200)")
+    parser.add_argument("--interval", type=float, default=10, help="seconds between samples of RSS, frames/s and queue depths (default 10)")
+    parser.add_argument("--task", default="fetch-pick-place", help="the daemon's task (default fetch-pick-place)")
     parser.add_argument("--options", default="cycles = 3, image_size = 224", help="TOML inline-table body")
-    parser.add_argument("--codec", default="libsvtav1")
-    parser.add_argument("--export-every", type=int, default=25)
+    parser.add_argument("--codec", default="libsvtav1", help="the cameras' codec (default libsvtav1)")
+    parser.add_argument("--export-every", type=int, default=25,
+                        help="the daemon exports every N committed episodes; 0: never (default 25)")
     parser.add_argument("--out", type=Path, default=None, help="CSV of the samples")
     parser.add_argument("--keep", action="store_true", help="keep the store and dataset")
     parser.add_argument("--compare-exports-off", action="store_true",
