@@ -205,3 +205,43 @@ def test_a_demoforge_process_started_at_real_time_runs_at_normal_priority(tmp_pa
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+REPAIR = """
+import os, sys
+from demoforge.storage.lerobot.repair import repair_dataset
+from demoforge.storage.scheduling import realtime_threads
+report = repair_dataset(sys.argv[1], sys.argv[2], encode_pngs=True, vcodec="libsvtav1")
+print(sum(e.recovered for e in report.episodes), os.sched_getscheduler(0), len(realtime_threads()))
+"""
+
+
+@pytest.mark.slow
+def test_repair_encodes_a_crashed_recordings_pngs_with_av1_at_normal_priority(tmp_path: Path) -> None:
+    """`demoforge repair --encode-pngs` runs LeRobot's own encoder (SVT-AV1 by default): in a separate process,
+    so that the hazard, if it came back, could not reach this test's worker."""
+    from lerobot.configs.video import RGBEncoderConfig
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    camera = "observation.images.front"
+    features = {"observation.state": {"dtype": "float32", "shape": (2,), "names": None},
+                "action": {"dtype": "float32", "shape": (2,), "names": None},
+                camera: {"dtype": "video", "shape": (64, 64, 3), "names": ["height", "width", "channels"]}}
+    # Batch encoding: the saved episode is only PNGs until its batch fills; the copy is what a kill leaves.
+    dataset = LeRobotDataset.create("local/pngs", fps=10, features=features, root=tmp_path / "recording",
+                                    use_videos=True, rgb_encoder=RGBEncoderConfig(vcodec="h264"),
+                                    batch_encoding_size=2)
+    for step in range(12):
+        dataset.add_frame({"observation.state": np.full(2, step, np.float32), "action": np.zeros(2, np.float32),
+                           camera: np.full((64, 64, 3), step * 20, np.uint8), "task": "hold still"})
+    dataset.save_episode()
+    import shutil
+
+    shutil.copytree(tmp_path / "recording", tmp_path / "crashed")
+    assert not list((tmp_path / "crashed").glob("videos/**/*.mp4"))  # nothing encoded yet: only PNGs
+    proc = subprocess.run([sys.executable, "-c", REPAIR, str(tmp_path / "crashed"), str(tmp_path / "repaired")],
+                          env=cli_env(HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recovered, policy, realtime = map(int, proc.stdout.split()[-3:])
+    assert recovered == 1 and list((tmp_path / "repaired").glob("videos/**/*.mp4"))
+    assert (policy, realtime) == (os.SCHED_OTHER, 0)

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from demoforge.storage.durable import FsyncPool, fsync_dir
 from demoforge.storage.lerobot.parquet_footer import FooterRebuildError, has_footer, read_without_footer
+from demoforge.storage.scheduling import normal_priority
 from demoforge.storage.video import count_frames, decode_indices
 
 
@@ -340,7 +341,8 @@ def _encode_pngs(root: Path, scratch: Path, info: dict[str, Any], features: dict
         begin = 0
         for episode in episodes:
             part = scratch / f"{key}-{episode.index:06d}.mp4"
-            encode_video_frames(episode.pngs[key], part, fps, RGBEncoderConfig(vcodec=codec))
+            with normal_priority():  # LeRobot's encoder is SVT-AV1 by default: as root it asks for SCHED_FIFO 99
+                encode_video_frames(episode.pngs[key], part, fps, RGBEncoderConfig(vcodec=codec))
             parts.append(part)
             length = episode.rows.num_rows
             episode.videos[key] = (chunk, file, begin / fps, (begin + length) / fps)
