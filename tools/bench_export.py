@@ -44,6 +44,7 @@ from demoforge.pipeline.tasks.registry import get_task  # noqa: E402
 from demoforge.stages.executor import run_episodes  # noqa: E402
 from demoforge.stages.records import Frame  # noqa: E402
 from demoforge.storage.lerobot.export import export_store  # noqa: E402
+from demoforge.storage.scheduling import normal_priority  # noqa: E402
 from demoforge.storage.video import count_frames as count_video_frames  # noqa: E402
 
 SIZE = 224
@@ -74,15 +75,16 @@ def lerobot_write(episodes, root: Path, vcodec: str, crf: int, preset, streaming
                 "observation.images.cam": {"dtype": "video", "shape": (SIZE, SIZE, 3),
                                            "names": ["height", "width", "channels"]}}
     started, cpu = time.perf_counter(), time.process_time()
-    ds = LeRobotDataset.create(repo_id="bench/export", fps=10, features=features, root=root, use_videos=True,
-                               streaming_encoding=streaming,
-                               rgb_encoder=RGBEncoderConfig(vcodec=vcodec, crf=crf, g=2, preset=preset))
-    for state, action, images in episodes:
-        for t in range(len(action)):
-            ds.add_frame({"observation.state": state[t], "action": action[t], "observation.images.cam": images[t],
-                          "task": "walk forward, then back"})
-        ds.save_episode()
-    ds.finalize()
+    with normal_priority():  # as demoforge's side runs (as root, LeRobot's SVT-AV1 asks for SCHED_FIFO 99)
+        ds = LeRobotDataset.create(repo_id="bench/export", fps=10, features=features, root=root, use_videos=True,
+                                   streaming_encoding=streaming,
+                                   rgb_encoder=RGBEncoderConfig(vcodec=vcodec, crf=crf, g=2, preset=preset))
+        for state, action, images in episodes:
+            for t in range(len(action)):
+                ds.add_frame({"observation.state": state[t], "action": action[t],
+                              "observation.images.cam": images[t], "task": "walk forward, then back"})
+            ds.save_episode()
+        ds.finalize()
     return time.perf_counter() - started, time.process_time() - cpu
 
 

@@ -58,6 +58,7 @@ from demoforge.stages.contract import RecordedObservation, Segment  # noqa: E402
 from demoforge.stages.camera_encoder import CameraEncoder  # noqa: E402
 from demoforge.stages.executor import run_episodes  # noqa: E402
 from demoforge.stages.records import AttemptEnded, AttemptStarted, Frame  # noqa: E402
+from demoforge.storage.scheduling import normal_priority  # noqa: E402
 from demoforge.storage.store import open_store  # noqa: E402
 from demoforge.storage.staging import StagingLayout, StagingStore  # noqa: E402
 from demoforge.storage.video import count_frames as count_video_frames  # noqa: E402
@@ -404,17 +405,20 @@ def bench_lerobot_recorder(episodes: int, frames: int, rgb_encoder: Any, streami
     features["action"] = {"dtype": "float32", "shape": (1,), "names": None}
     action = np.full(1, 0.5, dtype=np.float32)
     t0 = time.perf_counter()
-    ds = LeRobotDataset.create(repo_id="bench/recorder", fps=POOL_FPS, features=features, root=root,
-                               use_videos=True, streaming_encoding=streaming, rgb_encoder=rgb_encoder)
-    for _ in range(episodes):
-        for t in range(frames):
-            frame: dict[str, Any] = {key: _POOL[k][t % len(_POOL[k])] for k, key in enumerate(keys)}
-            frame["observation.state"] = np.array([t, 0.0], np.float32)
-            frame["action"] = action
-            frame["task"] = "replay"
-            ds.add_frame(frame)
-        ds.save_episode()
-    ds.finalize()
+    # At normal priority like demoforge's side: as root, LeRobot's SVT-AV1 threads (and the thread that opens
+    # its encoder, for every later run of this process) would otherwise run SCHED_FIFO 99.
+    with normal_priority():
+        ds = LeRobotDataset.create(repo_id="bench/recorder", fps=POOL_FPS, features=features, root=root,
+                                   use_videos=True, streaming_encoding=streaming, rgb_encoder=rgb_encoder)
+        for _ in range(episodes):
+            for t in range(frames):
+                frame: dict[str, Any] = {key: _POOL[k][t % len(_POOL[k])] for k, key in enumerate(keys)}
+                frame["observation.state"] = np.array([t, 0.0], np.float32)
+                frame["action"] = action
+                frame["task"] = "replay"
+                ds.add_frame(frame)
+            ds.save_episode()
+        ds.finalize()
     dt = time.perf_counter() - t0
     del ds
     total = episodes * frames

@@ -61,19 +61,22 @@ def child(kind: str, root: Path, episodes: int, count: int, codec: str) -> dict:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     from demoforge import Recorder
+    from demoforge.storage.scheduling import normal_priority
     importlib.import_module("demoforge.storage.lerobot.export")
 
     started = time.perf_counter()
     if kind.startswith("lerobot"):
-        dataset = LeRobotDataset.create("bench/x", fps=30, features=features(), root=root, use_videos=True,
-                                        rgb_encoder=RGBEncoderConfig(vcodec=codec),
-                                        streaming_encoding=kind == "lerobot",
-                                        image_writer_threads=0 if kind == "lerobot" else 4)
-        for _ in range(episodes):
-            for frame in data:
-                dataset.add_frame(dict(frame))  # it pops "task" from the dict it is given
-            dataset.save_episode()
-        dataset.finalize()
+        # At normal priority like the recorder (as root, LeRobot's SVT-AV1 threads would run SCHED_FIFO 99).
+        with normal_priority():
+            dataset = LeRobotDataset.create("bench/x", fps=30, features=features(), root=root, use_videos=True,
+                                            rgb_encoder=RGBEncoderConfig(vcodec=codec),
+                                            streaming_encoding=kind == "lerobot",
+                                            image_writer_threads=0 if kind == "lerobot" else 4)
+            for _ in range(episodes):
+                for frame in data:
+                    dataset.add_frame(dict(frame))  # it pops "task" from the dict it is given
+                dataset.save_episode()
+            dataset.finalize()
     else:
         with Recorder.create(root, fps=30, features=features(), codec=codec,
                              publish="save" if kind == "recorder" else "close") as recorder:

@@ -567,7 +567,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     if args.child is not None:
-        return run_child(args.child, json.loads(args.config))
+        # LeRobot's SVT-AV1 encoders ask for SCHED_FIFO 99 as root; the recording runs at normal priority, as
+        # everything demoforge starts does (storage/scheduling.py), so a campaign never starves the machine.
+        from demoforge.storage.scheduling import normal_priority
+
+        with normal_priority():
+            return run_child(args.child, json.loads(args.config))
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
