@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_scale import cli, load, log, median_run  # noqa: E402  (the same timing of a CLI run)
+from round_ratio import round_ratio  # noqa: E402
 
 
 def experts(seeds: int) -> list[dict]:
@@ -114,6 +115,10 @@ def overhead(task: str, episodes: int, repeat: int, options: list[str]) -> None:
     for name, r in chosen.items():
         walls = ", ".join(f"{w:.1f}" for w in r["walls"])
         print(f"| {name} | {r['wall']:.1f} ({walls}) | {r['wall'] / base:.3f} | {r['util']:.0%} | {r['frames']} |")
+    print("\nPer-round ratios over the same round's env only (tools/round_ratio.py):")
+    env_walls = [r["wall"] for r in runs["env only"]]
+    for name in variants:
+        print(f"- {name}: {round_ratio([r['wall'] for r in runs[name]], env_walls).describe(1.05)}")
 
 
 def mt50(options: list[str]) -> None:

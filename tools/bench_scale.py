@@ -39,6 +39,8 @@ from pathlib import Path
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
+from round_ratio import round_ratio
+
 if TYPE_CHECKING:
     import gymnasium as gym
 
@@ -348,6 +350,14 @@ def main() -> None:
         print()
         print("Wall seconds of every round: " + "; ".join(
             f"{key} " + ", ".join(f"{w:.1f}" for w in runs_of["walls"]) for key, runs_of in med.items()))
+        print()
+        walls = {key: [r["wall"] for r in runs] for key, runs in rounds.items()}
+        print("Per-round ratios (each round's command over the same round's baseline; tools/round_ratio.py):")
+        print(f"- (a) thread / env only: {round_ratio(walls['thread1'], walls['env_only']).describe()}")
+        print(f"- (a) process / env only: {round_ratio(walls['process1'], walls['env_only']).describe(1.05)}")
+        print(f"- (b) 2 process workers' wall / 1 thread worker's (speed-up >= 1.4x is <= {1 / 1.4:.3f}): "
+              f"{round_ratio(walls['process_b'], walls['thread_b']).describe(round(1 / 1.4, 3))}")
+        print(f"- (d) Ray / process: {round_ratio(walls['ray1'], walls['process1']).describe(1.10)}")
         print()
     print("| (c) driver ingest (write + commit only) | frames/s | episodes/s | MB/s of video | video KB/frame/camera "
           "| frames per driver CPU-second | workers served (wall) | workers served (driver CPU) |")

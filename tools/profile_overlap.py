@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from round_ratio import round_ratio
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -245,6 +247,9 @@ def main() -> None:
         print(f"{mode}: CPU {med(mode, 'cpu_all'):.2f} s in all (env only {med('env-only', 'cpu_all'):.2f} s); "
               f"floor max(env-only wall, CPU / {cores} cores) = {floor:.2f} s = "
               f"{floor / med('env-only', 'wall'):.3f} x env only; wall / floor {med(mode, 'wall') / floor:.3f}")
+    env_walls = [x["wall"] for x in runs["env-only"]]
+    for mode in modes[1:]:
+        print(f"{mode} / env only, per round: {round_ratio([x['wall'] for x in runs[mode]], env_walls).describe(1.05)}")
     print(f"\ngenerate / env only: {med('generate', 'wall') / med('env-only', 'wall'):.3f}; "
           f"hand-offs: {statistics.median(x['handoffs'] for x in runs['generate']):.0f}; "
           f"load {os.getloadavg()[0]:.2f}")
