@@ -65,6 +65,8 @@ def test_every_command_and_option_is_documented_with_an_example():
                 continue
             assert action.help, f"demoforge {name} {action.option_strings or action.dest} has no help text"
             if action.option_strings and not action.required:
-                assert "(default: " in command._get_formatter()._get_help_string(action) or "%(default)" in action.help
+                shown_help = command._get_formatter()._get_help_string(action) or ""
+                # the default is named once: in the option's own words or by the formatter, never both
+                assert len(re.findall(r"\bdefault: ", shown_help, re.IGNORECASE)) == 1, (name, action.dest, shown_help)
     shown = run_cli("--help")
     assert shown.returncode == 0 and "example:" in shown.stdout

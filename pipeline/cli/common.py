@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,19 @@ def make_console(stderr: bool = False) -> Console:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Every optional option's help ends with its default; descriptions and examples keep their line breaks."""
+    """Every optional option's help ends with its default; descriptions and examples keep their line breaks.
+
+    A help that already names its default in words ("default: none", "Default: off") keeps them and gets no
+    second, raw one (``(default: None)`` after ``default: none`` told a reader nothing).
+    """
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.required or not action.option_strings:
+        if action.required or not action.option_strings or NAMES_DEFAULT.search(action.help or ""):
             return action.help
         return super()._get_help_string(action)
+
+
+NAMES_DEFAULT = re.compile(r"\bdefault:", re.IGNORECASE)
 
 
 def add_command(sub: argparse._SubParsersAction, name: str, *, example: str, **kwargs: Any) -> argparse.ArgumentParser:
