@@ -69,11 +69,13 @@ def packet_hashes(dataset: Path, index: int, key: str = CAM) -> list[str]:
     path = root / info["video_path"].format(video_key=key, chunk_index=row[f"videos/{key}/chunk_index"],
                                             file_index=row[f"videos/{key}/file_index"])
     start, end, fps = row[f"videos/{key}/from_timestamp"], row[f"videos/{key}/to_timestamp"], info["fps"]
-    with av.open(str(path)) as container:
+    with av.open(str(path), mode="r") as container:
         stream = container.streams.video[0]
+        assert stream.time_base is not None, f"{path}: a video stream without a time base"
         tb = Fraction(stream.time_base)
-        return [hashlib.sha256(bytes(p)).hexdigest() for p in container.demux(stream)
-                if p.size and p.pts is not None and start - 0.5 / fps <= float(p.pts * tb) < end - 0.5 / fps]
+        hashes = [hashlib.sha256(bytes(p)).hexdigest() for p in container.demux(stream)
+                  if p.size and p.pts is not None and start - 0.5 / fps <= float(p.pts * tb) < end - 0.5 / fps]
+    return hashes
 
 
 def episode_frames(dataset: Path, index: int, key: str = CAM) -> list[np.ndarray]:

@@ -121,8 +121,9 @@ def daemon_events(stderr: str) -> list[dict]:
 
 
 def decode_frames(data: bytes) -> list[np.ndarray]:
-    with av.open(io.BytesIO(data)) as container:
-        return [f.to_ndarray(format="rgb24") for f in container.decode(container.streams.video[0])]
+    with av.open(io.BytesIO(data), mode="r") as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(container.streams.video[0])]
+    return frames
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:

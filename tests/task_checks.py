@@ -72,7 +72,7 @@ def check_first_frame_is_gym_alohas(env_id: str, task: str, seed: int) -> None:
     from demoforge.pipeline.tasks.registry import get_task
 
     reference = gym.make(env_id, obs_type="pixels_agent_pos")
-    ours = get_task(task).build({"image_height": 480, "image_width": 640, "shadows": True})
+    ours: Any = get_task(task).build({"image_height": 480, "image_width": 640, "shadows": True})
     try:
         expected, _ = reference.reset(seed=seed)
         observation, _ = ours.reset(seed=seed)

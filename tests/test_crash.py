@@ -41,7 +41,7 @@ def catalog_rows(store):
 
 
 @pytest.mark.campaign  # random kill moments (tools/crash_campaign.py is the long one); the suite's kill tests kill at events
-def test_sigkill_at_random_moments_never_loses_or_alters_committed_episodes(tmp_path):
+def test_sigkill_at_random_moments_never_loses_or_alters_committed_episodes(tmp_path) -> None:
     """The invariants are storage/crash_invariants.py's, the same ones tools/crash_campaign.py checks."""
     rng = random.Random(1234)
     store = tmp_path / "store"
@@ -106,7 +106,7 @@ def test_sigint_stops_cleanly_keeping_committed_episodes(tmp_path):
     assert set(summary["discarded_by_reason"]) <= {"interrupted"}
 
 
-def test_slow_writer_blocks_the_producer_and_memory_stays_bounded(tmp_path, monkeypatch, register_task):
+def test_slow_writer_blocks_the_producer_and_memory_stays_bounded(tmp_path, monkeypatch, register_task) -> None:
     """A writer slower than the env: every frame still arrives, the env waits for the writer and memory is
     bounded by the queues."""
     size, steps, episodes, queue, write_delay = 256, 300, 2, 16, 0.01

@@ -58,6 +58,9 @@ deadline_seconds = 5
 class Daemon(subprocess.Popen):
     """A daemon subprocess whose output goes to files (a full pipe would block it), read by communicate()."""
 
+    out_path: Path
+    err_path: Path
+
     def communicate(self, input=None, timeout=None):  # noqa: A002
         self.wait(timeout=timeout)
         return self.out_path.read_text(), self.err_path.read_text()
@@ -89,7 +92,7 @@ def wait_for(predicate, timeout=180.0, every=0.25):
     raise AssertionError("condition not met in time")
 
 
-def committed(store: Path) -> list:
+def committed(store: Path) -> tuple[list, list]:
     with open_store(store) as view:
         return view.catalog.attempts(("committed", "exported")), view.catalog.attempts(("staging",))
 

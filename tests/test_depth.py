@@ -125,6 +125,7 @@ def test_staged_depth_is_lerobots_quantization_of_the_rendered_depth_exactly(dep
         identity = fingerprint.depth_video
         assert identity == depth_video.lerobot_depth_identity()
         for row in view.catalog.committed():
+            assert row.frames is not None and row.video_bytes is not None, f"committed episode {row.episode_id}"
             staged = staging.read_episode(row.episode_id, row.frames, row.video_bytes)
             codes = depth_video.decode_codes(staged.video["front_depth"])
             rendered = depth_run.rendered[row.episode_index]

@@ -10,7 +10,7 @@ def python_blocks(name: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", (DOCS / name).read_text(), flags=re.S)
 
 
-def test_writing_a_task_example_runs(capsys):
+def test_writing_a_task_example_runs(capsys) -> None:
     from demoforge.pipeline.tasks.registry import get_task, task_names, unregister
 
     block, reactive, typed = python_blocks("writing-a-task.md")

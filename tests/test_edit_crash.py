@@ -36,7 +36,7 @@ def published(path: Path) -> int | None:
     return len(episodes_meta(path)) if path.is_symlink() else None
 
 
-def test_kills_during_an_edit_in_place_leave_the_old_or_the_new_version(dataset, tmp_path):
+def test_kills_during_an_edit_in_place_leave_the_old_or_the_new_version(dataset, tmp_path) -> None:
     target = copy_dataset(dataset, tmp_path)
     argv = demoforge_argv("edit", str(target), "--delete", "1,3-4")
     problems: list[str] = []
@@ -52,7 +52,7 @@ def test_kills_during_an_edit_in_place_leave_the_old_or_the_new_version(dataset,
     assert problems + violations(target) == []
 
 
-def test_kills_during_a_split_leave_each_part_absent_or_complete(dataset, tmp_path):
+def test_kills_during_a_split_leave_each_part_absent_or_complete(dataset, tmp_path) -> None:
     """Killed while the first part is built and just after it is published, then (a run that finds the first part
     done goes on with the second) while the second is built and just after it is published."""
     parts = tmp_path / "parts"
@@ -75,7 +75,7 @@ def test_kills_during_a_split_leave_each_part_absent_or_complete(dataset, tmp_pa
     assert problems + violations(parts / "train") + violations(parts / "val") == []
 
 
-def test_kills_during_a_merge_leave_nothing_or_the_whole_dataset(dataset, tmp_path):
+def test_kills_during_a_merge_leave_nothing_or_the_whole_dataset(dataset, tmp_path) -> None:
     half = edit_dataset(dataset, split=parse_split("a=0.5,b=0.5"), out_root=tmp_path / "halves")
     assert [o.episodes for o in half.outputs] == [4, 4]
     out = tmp_path / "merged"

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from demoforge.stages.camera_encoder import EncoderError
+from demoforge.stages.encoder_process import EncoderProcess
 from demoforge.stages.record_encoder import RecordEncoder
 from demoforge.stages.records import AttemptEnded, EncodedFrame, Frame, VideoTail
 from demoforge.stages.settings import VideoSettings
@@ -34,7 +35,7 @@ def encode_all(records: list, apart: bool, **kwargs) -> list:
     finally:
         encoder.close()
         if apart:  # closing ends the encoder process
-            assert encoder.lanes.pid is not None and encoder.lanes._process.poll() is not None
+            assert isinstance(encoder.lanes, EncoderProcess) and encoder.lanes._process.poll() is not None
 
 
 def test_encoders_in_their_own_process_give_the_same_bytes_and_statistics_as_beside_the_env():
@@ -79,7 +80,7 @@ def test_an_encoder_failing_in_the_child_raises_what_it_raises_beside_the_env(tm
     """The lane's own error crosses the process boundary, type and message (a full disk stays a
     StorageWriteError, which the CLI turns into exit status 4): here the statistics' folder is missing."""
 
-    def failure(apart: bool) -> BaseException:
+    def failure(apart: bool) -> OSError:
         encoder = RecordEncoder(INFO.cameras, INFO.fps, H264, apart=apart, stats_dir=tmp_path / "missing", lag=0)
         try:
             with pytest.raises(OSError) as raised:

@@ -4,6 +4,7 @@ seed, recorded where LeRobot reads them, and refused with the place named when t
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -13,7 +14,7 @@ from helpers import run_cli
 
 PUSH = ("--task", "metaworld-push-v3", "--option", "camera=none")
 TASK = ["push the puck to the goal", "slide the puck onto the target", "move the puck to the marked spot"]
-TABLE = {"task": TASK, "segments": {"push": ["push it home", "shove the puck to the goal"]}}
+TABLE: dict[str, Any] = {"task": TASK, "segments": {"push": ["push it home", "shove the puck to the goal"]}}
 
 
 def test_each_episode_says_its_task_in_words_drawn_from_its_seed(tmp_path) -> None:

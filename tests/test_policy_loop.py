@@ -229,7 +229,7 @@ def test_a_failing_policy_fails_its_attempt_naming_the_policy() -> None:
         env.close()
     ends = [r for r in records if isinstance(r, AttemptEnded)]
     assert len(ends) == 2 and all(e.result.terminal_reason is TerminalReason.ERROR for e in ends)
-    assert "the driving policy's act() raised RuntimeError: the policy's weights are gone" in ends[0].result.error
+    assert "the driving policy's act() raised RuntimeError: the policy's weights are gone" in (ends[0].result.error or "")
 
 
 def test_eval_of_the_expert_as_a_policy_gives_the_experts_own_success(tmp_path) -> None:

@@ -4,6 +4,7 @@ with the episode, replayed exactly; appearance changes only where asked; bad axe
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,8 +36,8 @@ def first_frame(task: str, options: dict, seed: int = 3) -> np.ndarray:
 
 def test_draws_are_a_function_of_the_seed_and_axes_draw_independently() -> None:
     entry = get_task("fetch-pick-place")
-    env = entry.build({"image_size": 64, "randomize": "lighting,physics"})
-    lighting_only = entry.build({"image_size": 64, "randomize": "lighting"})
+    env: Any = entry.build({"image_size": 64, "randomize": "lighting,physics"})
+    lighting_only: Any = entry.build({"image_size": 64, "randomize": "lighting"})
     try:
         a, b, again = env.demo_randomize(1), env.demo_randomize(2), env.demo_randomize(1)
         assert a == again and a != b
@@ -48,7 +49,9 @@ def test_draws_are_a_function_of_the_seed_and_axes_draw_independently() -> None:
         # the model really changed, and goes back to nominal before every draw
         model = env.unwrapped.model
         body = model.body("object0").id
-        nominal_mass = get_task("fetch-pick-place").build({"image_size": 64}).unwrapped.model.body_mass[body]
+        nominal: Any = get_task("fetch-pick-place").build({"image_size": 64})
+        nominal_mass = nominal.unwrapped.model.body_mass[body]
+        nominal.close()
         env.demo_randomize(1)
         assert model.body_mass[body] == pytest.approx(nominal_mass * a["physics"]["mass"])
     finally:
@@ -112,6 +115,7 @@ def test_a_scene_drawn_differently_from_the_record_is_a_divergence(tmp_path) -> 
     object.__setattr__(episode, "record", altered)
     envs = EnvCache()
     try:
+        assert episode.task_options is not None, "a store records its job's task options"
         env = envs.get(episode.ref.task, episode.task_options)
         divergence, _, _ = EpisodeReplay(env, episode, tolerance=Tolerance(1e-6, 1e-6)).run()
     finally:
@@ -147,7 +151,7 @@ def test_a_task_without_a_scene_refuses_randomization_and_defaults_leave_fingerp
 
 def test_widened_initial_states_reach_beyond_the_default_range() -> None:
     entry = get_task("fetch-pick-place")
-    wide = entry.build({"image_size": 32, "randomize": "init", "randomize.init.scale": 1.5})
+    wide: Any = entry.build({"image_size": 32, "randomize": "init", "randomize.init.scale": 1.5})
     try:
         offsets = []
         for seed in range(40):

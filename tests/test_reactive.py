@@ -22,7 +22,8 @@ class ShuttleEnv(gym.Env):
     def __init__(self) -> None:
         self.observation_space = gym.spaces.Box(-100, 100, shape=(2,), dtype=np.float32)
         self.action_space = gym.spaces.Box(-2, 2, shape=(1,), dtype=np.float32)
-        self.x, self.reached, self.last = 0.0, False, None
+        self.x, self.reached = 0.0, False
+        self.last: np.ndarray | None = None
         self.expert = PolicyExpert(act=self._act, phase=self._phase)
         self.decisions: list[tuple[float, str]] = []  # (x, phase) of every decision, to check the cuts
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -192,7 +193,7 @@ def test_bad_features_calls_and_another_recordings_root_are_refused(tmp_path: Pa
     with pytest.raises(RecorderClosedError):
         recorder.add_frame(loop.frame(1, 0))
     before = {p: p.read_bytes() for p in sorted(root.resolve().rglob("*")) if p.is_file()}
-    other = {**loop.FEATURES, "action": {"dtype": "float32", "shape": (7,), "names": None}}
+    other: dict[str, Any] = {**loop.FEATURES, "action": {"dtype": "float32", "shape": (7,), "names": None}}
     with pytest.raises(RecorderMismatchError, match="other settings"):
         Recorder.create(root, fps=30, features=other, codec="h264")
     with pytest.raises(RecorderMismatchError):

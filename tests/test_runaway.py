@@ -9,7 +9,7 @@ import pytest
 from demoforge.storage.catalog import Catalog
 from helpers import committed_files, daemon_events, run_cli
 
-BROKEN = {"TOY_POINT_STEP_ERROR": "joint limit exceeded"}
+STEP_ERROR = "joint limit exceeded"  # TOY_POINT_STEP_ERROR: every step of the toy env raises this
 GEN = ("generate", "--task", "toy-point", "--codec", "h264", "--max-attempts", "2")
 
 
@@ -27,7 +27,8 @@ def test_generate_stops_on_consecutive_abandoned_and_resumes(tmp_path: Path) -> 
     assert first.returncode == 0, first.stderr
     before = committed_files(store)
 
-    broken = run_cli(*GEN, "--episodes", "10", "--store", str(store), "--max-consecutive-abandoned", "4", **BROKEN)
+    broken = run_cli(*GEN, "--episodes", "10", "--store", str(store), "--max-consecutive-abandoned", "4",
+                     TOY_POINT_STEP_ERROR=STEP_ERROR)
     assert broken.returncode == 1, broken.stderr
     assert "Traceback" not in broken.stderr
     assert "the last 4 episodes were all abandoned" in broken.stderr
@@ -67,7 +68,7 @@ address = "off"
 [disk]
 min_free_mb = 0
 """)
-    proc = run_cli("daemon", "--config", str(job), "--json-logs", timeout=120, **BROKEN)
+    proc = run_cli("daemon", "--config", str(job), "--json-logs", timeout=120, TOY_POINT_STEP_ERROR=STEP_ERROR)
     assert proc.returncode == 3, proc.stderr
     events = daemon_events(proc.stderr)
     failing = [e for e in events if e["event"] == "failing"]

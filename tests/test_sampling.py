@@ -285,7 +285,7 @@ def test_reproducible_and_the_same_with_dataloader_workers(exported):
 
 
 @pytest.mark.slow
-def test_offline_window_weighting_is_uniform_over_the_dataset(exported):
+def test_offline_window_weighting_is_uniform_over_the_dataset(exported) -> None:
     _store, out = exported
     sampler = SegmentWindowSampler(out, mode="boundary", chunk_size=5, num_samples=20_000, weighting="window")
     counts: dict[int, int] = {}
@@ -359,7 +359,7 @@ def _catalog_rows(store):
 
 
 @pytest.mark.slow
-def test_online_sampler_tails_a_live_generate_job(tmp_path):
+def test_online_sampler_tails_a_live_generate_job(tmp_path) -> None:
     """A real ``demoforge generate`` process writes while an online sampler tails it (every 50 ms: refresh,
     sample 64 windows, read their frames from staging): it sees only committed episodes, each after its
     commit, the set grows while the job runs, and every window read is whole and valid. The writer keeps
@@ -408,7 +408,7 @@ def test_online_sampler_tails_a_live_generate_job(tmp_path):
 
 
 @pytest.mark.slow
-def test_docs_training_snippets_run(exported):
+def test_docs_training_snippets_run(exported) -> None:
     """The loops of docs/sampling.md, on the toy export and its store (8-frame chunks, 2 steps, no worker
     processes: workers are covered by test_reproducible_and_the_same_with_dataloader_workers)."""
     import re

@@ -152,7 +152,10 @@ def gone(pids: list[int], timeout: float) -> bool:
 
 def executor_args(kind: str, ray_address: str | None, workers: int = 2) -> tuple[str, ...]:
     args = ("--executor", kind, "--workers", str(workers))
-    return args + ("--ray-address", ray_address) if kind == "ray" else args
+    if kind == "ray":
+        assert ray_address is not None, "the Ray executor's tests join the session's cluster"
+        return args + ("--ray-address", ray_address)
+    return args
 
 
 def machine_with_token(tmp_path: Path, token: str | None = None) -> dict[str, str | None]:
@@ -173,7 +176,9 @@ def machine_without_token(tmp_path: Path) -> dict[str, str | None]:
 
 
 def slot_of(lines: list[str], pid: int) -> int:
-    return int(re.search(rf"worker (\d+) \([^)]*pid {pid}\)", "".join(lines)).group(1))
+    found = re.search(rf"worker (\d+) \([^)]*pid {pid}\)", "".join(lines))
+    assert found, f"no worker line names pid {pid}"
+    return int(found.group(1))
 
 
 # ------------------------------------------------------------------------------------------ equality
@@ -405,7 +410,7 @@ def test_a_token_cluster_refuses_a_machine_without_its_token(tmp_path, ray_token
 
 # ------------------------------------------------------------------------------------------ backpressure
 @pytest.mark.campaign
-def test_a_slow_writer_slows_the_workers_and_memory_stays_bounded(tmp_path, monkeypatch):
+def test_a_slow_writer_slows_the_workers_and_memory_stays_bounded(tmp_path, monkeypatch) -> None:
     """The driver's writer sleeps per frame: workers block on their in-flight limit, nothing is dropped, and
     neither the driver's Python heap nor a worker's RSS grows with what the run produces."""
     delay = 0.005

@@ -97,8 +97,8 @@ async def test_the_encode_stage_lanes_open_av1_at_normal_priority() -> None:
         env.close()
     cameras = toy_tasks.describe(options).cameras
     in_send, in_recv = anyio.create_memory_object_stream[object](len(records))
-    for record in records:
-        in_send.send_nowait(record)
+    for item in records:
+        in_send.send_nowait(item)
     in_send.close()
     out_send, out_recv = anyio.create_memory_object_stream[object](1)  # each record waits for this test
     seen_realtime: list[object] = []

@@ -189,7 +189,7 @@ async def until_send_blocks(send: MemoryObjectSendStream) -> None:
 
 async def test_step_runs_assigned_episodes_and_ends_its_stream_when_the_plan_does():
     assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](0)
-    send, receive = anyio.create_memory_object_stream(8)
+    send, receive = anyio.create_memory_object_stream[object](8)
     stop = threading.Event()
 
     async def plan() -> None:
@@ -220,7 +220,7 @@ async def test_step_runs_assigned_episodes_and_ends_its_stream_when_the_plan_doe
 async def step_blocked_on_a_full_stream(steps_taken: list[int]) -> AsyncIterator[MemoryObjectReceiveStream]:
     """The step stage running one episode into a stream of 3, once its env thread waits inside a send; yields
     the stream's receiving end, and leaves when the stage has ended."""
-    send, receive = anyio.create_memory_object_stream(3)
+    send, receive = anyio.create_memory_object_stream[object](3)
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(step_task(step_env_factory(steps_taken), one_episode(), send, threading.Event()))
@@ -228,7 +228,7 @@ async def step_blocked_on_a_full_stream(steps_taken: list[int]) -> AsyncIterator
             yield receive
 
 
-async def test_step_blocks_on_a_full_stream_so_the_env_waits_for_the_consumer():
+async def test_step_blocks_on_a_full_stream_so_the_env_waits_for_the_consumer() -> None:
     steps_taken: list[int] = []
     async with step_blocked_on_a_full_stream(steps_taken) as receive:
         # Full: 3 records queued (AttemptStarted + 2 frames), a 4th waits in send, the env stopped there.
@@ -238,7 +238,7 @@ async def test_step_blocks_on_a_full_stream_so_the_env_waits_for_the_consumer():
     assert len(steps_taken) == STEPS and sum(isinstance(r, EncodedFrame) for r in records) == STEPS
 
 
-async def test_step_ends_quietly_when_the_next_stage_is_gone():
+async def test_step_ends_quietly_when_the_next_stage_is_gone() -> None:
     """The stage after it failed (its receiving end closed while the env waits to send): the step stage stops
     its env and ends without an error of its own, so the job reports only the failure that caused it."""
     steps_taken: list[int] = []
@@ -247,8 +247,8 @@ async def test_step_ends_quietly_when_the_next_stage_is_gone():
     assert len(steps_taken) < STEPS  # it stopped stepping: nothing would take what it makes
 
 
-async def test_step_sends_records_in_batches_and_runs_at_most_a_batch_ahead_of_a_full_stream():
-    send, receive = anyio.create_memory_object_stream(1)
+async def test_step_sends_records_in_batches_and_runs_at_most_a_batch_ahead_of_a_full_stream() -> None:
+    send, receive = anyio.create_memory_object_stream[object](1)
     steps_taken: list[int] = []
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
@@ -281,10 +281,10 @@ def hold_encoders(monkeypatch) -> threading.Event:
     return release
 
 
-async def test_step_waits_for_its_encoders_once_it_is_encode_lag_jobs_ahead(monkeypatch):
+async def test_step_waits_for_its_encoders_once_it_is_encode_lag_jobs_ahead(monkeypatch) -> None:
     """A slow encoder slows the env: the worker runs at most ``encode_lag`` jobs ahead of its encoders."""
     release = hold_encoders(monkeypatch)
-    send, receive = anyio.create_memory_object_stream(100)
+    send, receive = anyio.create_memory_object_stream[object](100)
     steps_taken: list[int] = []
     lag = 3
     with anyio.fail_after(60):
@@ -301,7 +301,7 @@ async def test_step_waits_for_its_encoders_once_it_is_encode_lag_jobs_ahead(monk
     assert len(steps_taken) == STEPS and sum(isinstance(r, EncodedFrame) for r in records) == STEPS
 
 
-async def test_step_starts_the_next_episode_while_its_encoders_finish_the_last(monkeypatch):
+async def test_step_starts_the_next_episode_while_its_encoders_finish_the_last(monkeypatch) -> None:
     """Work already assigned is taken without draining the encoders: the env steps into episode 1 while not
     one frame of episode 0 is encoded yet (it used to wait there for the whole attempt's video)."""
     release = hold_encoders(monkeypatch)
@@ -309,7 +309,7 @@ async def test_step_starts_the_next_episode_while_its_encoders_finish_the_last(m
     for index in (0, 1):
         assign_send.send_nowait(EpisodeAssignment(index))
     assign_send.close()
-    send, receive = anyio.create_memory_object_stream(100)
+    send, receive = anyio.create_memory_object_stream[object](100)
     steps_taken: list[int] = []
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
@@ -324,7 +324,7 @@ async def test_step_starts_the_next_episode_while_its_encoders_finish_the_last(m
 
 async def test_step_stop_ends_in_flight_attempts_as_interrupted():
     assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](1)
-    send, receive = anyio.create_memory_object_stream(100)
+    send, receive = anyio.create_memory_object_stream[object](100)
     stop = threading.Event()
     await assign_send.send(EpisodeAssignment(0))
     long_env = lambda: toy_tasks.CameraPointEnv({**OPTIONS, "steps": 10_000})  # noqa: E731
@@ -343,7 +343,7 @@ async def test_step_stop_ends_in_flight_attempts_as_interrupted():
 
 def fed(records: list) -> MemoryObjectReceiveStream:
     """A stage's input stream holding ``records``, then its end."""
-    send, receive = anyio.create_memory_object_stream(len(records) + 1)
+    send, receive = anyio.create_memory_object_stream[object](len(records) + 1)
     for record in records:
         send.send_nowait(record)
     send.close()
@@ -353,11 +353,12 @@ def fed(records: list) -> MemoryObjectReceiveStream:
 # --------------------------------------------------------------------------------------------- encode
 async def run_encode(records: list, buffer: int = 100) -> list:
     in_recv = fed(records)
-    out_send, out_recv = anyio.create_memory_object_stream(buffer)
+    out_send, out_recv = anyio.create_memory_object_stream[object](buffer)
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: encode_stage(in_recv, out_send, cameras=INFO.cameras, fps=INFO.fps, settings=H264))
-            return await drain(out_recv)
+            out = await drain(out_recv)
+    return out
 
 
 async def test_encode_turns_frames_into_video_flushes_committed_attempts_and_drops_discarded_ones():
@@ -394,7 +395,7 @@ async def test_encode_refuses_a_frame_with_undeclared_cameras():
 async def test_encode_waits_for_its_consumer_and_can_be_cancelled_mid_attempt():
     records = toy_records(1)
     in_send, in_recv = anyio.create_memory_object_stream(len(records))
-    out_send, out_recv = anyio.create_memory_object_stream(0)
+    out_send, out_recv = anyio.create_memory_object_stream[object](0)
     for record in records:
         in_send.send_nowait(record)
     with anyio.fail_after(60):
@@ -430,7 +431,7 @@ def two_camera_records() -> tuple[tuple[CameraSpec, ...], list]:
     return cameras, out
 
 
-async def test_encode_cameras_run_independently_and_records_leave_in_order(monkeypatch):
+async def test_encode_cameras_run_independently_and_records_leave_in_order(monkeypatch) -> None:
     from demoforge.stages import camera_encoder
 
     cameras, records = two_camera_records()
@@ -446,7 +447,7 @@ async def test_encode_cameras_run_independently_and_records_leave_in_order(monke
 
     monkeypatch.setattr(camera_encoder.CameraEncoder, "encode", gated)
     in_recv = fed(records)
-    out_send, out_recv = anyio.create_memory_object_stream(100)
+    out_send, out_recv = anyio.create_memory_object_stream[object](100)
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: encode_stage(in_recv, out_send, cameras=cameras, fps=INFO.fps, settings=H264,
@@ -486,11 +487,12 @@ async def test_encode_surfaces_an_encoder_failure_in_a_camera_lane(monkeypatch):
 # ---------------------------------------------------------------------------------------------- write
 async def run_write(store: Store, records: list) -> list:
     in_recv = fed(records)
-    out_send, out_recv = anyio.create_memory_object_stream(100)
+    out_send, out_recv = anyio.create_memory_object_stream[object](100)
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: write_stage(in_recv, out_send, store=store))
-            return await drain(out_recv)
+            out = await drain(out_recv)
+    return out
 
 
 async def test_write_stages_committable_attempts_and_passes_discarded_ones_through(tmp_path):
@@ -542,7 +544,7 @@ async def test_write_keeps_taking_records_while_its_io_is_slow_up_to_its_io_queu
     store = open_job_store(tmp_path / "store")
     try:
         in_recv = fed(records)
-        out_send, out_recv = anyio.create_memory_object_stream(100)
+        out_send, out_recv = anyio.create_memory_object_stream[object](100)
         per_attempt = len(records) // 3
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
@@ -564,7 +566,7 @@ async def test_write_keeps_taking_records_while_its_io_is_slow_up_to_its_io_queu
 
 
 # --------------------------------------------------------------------------------------------- commit
-async def test_commit_commits_discards_and_reports_each_outcome_to_the_planner(tmp_path):
+async def test_commit_commits_discards_and_reports_each_outcome_to_the_planner(tmp_path) -> None:
     records = toy_records(2) + failed_episode()
     store = open_job_store(tmp_path / "store")
     try:
@@ -572,7 +574,7 @@ async def test_commit_commits_discards_and_reports_each_outcome_to_the_planner(t
         planner = EpisodePlanner(2, NOTHING, max_attempts=1)
         planner.in_flight.update({0, 1, 10})
         seen: list[StagedAttempt] = []
-        send, receive = anyio.create_memory_object_stream(len(staged))
+        send, receive = anyio.create_memory_object_stream[StagedAttempt | EpisodeAbandoned](len(staged))
         for item in staged:
             send.send_nowait(item)
         send.close()
@@ -585,6 +587,7 @@ async def test_commit_commits_discards_and_reports_each_outcome_to_the_planner(t
         assert [rows[e].state for e in committed] == ["committed", "committed"]
         assert [rows[e].content_hash for e in committed] == [s.content_hash for s in seen[:2]]
         discarded = seen[2].ended.key.episode_id
+        assert store.staging is not None
         assert rows[discarded].state == "discarded" and discarded not in store.staging.episode_ids()
         # The abandoned episode and both commits reached the planner: it is done.
         assert planner.committed == {0, 1} and planner.abandoned == {10}
@@ -598,7 +601,7 @@ async def test_commit_stops_at_end_of_stream_and_on_cancellation_without_committ
     try:
         staged = await run_write(store, await run_encode(toy_records(1)))
         planner = EpisodePlanner(5, NOTHING, max_attempts=3)
-        send, receive = anyio.create_memory_object_stream(10)
+        send, receive = anyio.create_memory_object_stream[object](10)
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: commit_stage(receive, store=store,

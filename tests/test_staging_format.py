@@ -46,7 +46,9 @@ def test_episode_file_count_does_not_grow_with_length(tmp_path: Path) -> None:
     for store in (short, long):
         catalog = Catalog(store)
         try:
-            staging = StagingStore(store, StagingLayout.from_fingerprint(catalog.fingerprint()))
+            fingerprint = catalog.fingerprint()
+            assert fingerprint is not None, f"{store}: no job fingerprint"
+            staging = StagingStore(store, StagingLayout.from_fingerprint(fingerprint))
             assert verify_store(catalog, staging).ok
         finally:
             catalog.close()

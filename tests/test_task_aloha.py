@@ -80,7 +80,7 @@ def test_task_info_matches_the_frames(aloha):
     assert info.segment_names == SEGMENTS and info.fps == 50 and len(info.action_names) == 14
 
 
-def test_only_the_top_camera_is_rendered_by_one_kept_camera(aloha, monkeypatch):
+def test_only_the_top_camera_is_rendered_by_one_kept_camera(aloha, monkeypatch) -> None:
     """Each observation renders the top camera alone, at the configured size, through one camera kept for the
     physics (``physics.render`` would build a camera and a scene every frame)."""
     from dm_control import mujoco as dm_mujoco
@@ -134,7 +134,7 @@ def test_depth_option_renders_metres_from_the_top_camera() -> None:
     entry = get_task("aloha-transfer-cube")
     options = {"image_height": 48, "image_width": 64, "depth": True}
     assert [c.kind for c in entry.info(options).cameras] == ["rgb", "depth"]
-    env = entry.build(options)
+    env: Any = entry.build(options)
     try:
         obs, _ = env.reset(seed=0)
         depth = env.demo_record(obs).images["top_depth"]

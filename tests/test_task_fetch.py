@@ -11,12 +11,13 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 from collections import defaultdict  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
+from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from demoforge.pipeline.tasks.registry import TaskOptionError, get_task  # noqa: E402
-from demoforge.stages.contract import EpisodeResult  # noqa: E402
+from demoforge.stages.contract import EpisodeResult, Segment  # noqa: E402
 from demoforge.stages.executor import run_episodes  # noqa: E402
 from demoforge.stages.records import AttemptEnded, Frame  # noqa: E402
 
@@ -87,7 +88,7 @@ def test_segments_follow_the_cycles_and_plan_from_the_measured_cube(ten_episodes
             assert seg.target == "object0" and seg.instruction and seg.success
 
 
-def _manual_plan(env, seed: int) -> Iterator[tuple[object, int]]:
+def _manual_plan(env, seed: int) -> Iterator[tuple[Segment, int]]:
     """Drive the task's plan by hand, yielding (segment, steps it ran) after each segment."""
     env.reset(seed=seed)
     for segment in env.create_demo_segments():
@@ -101,9 +102,9 @@ def _manual_plan(env, seed: int) -> Iterator[tuple[object, int]]:
 @pytest.mark.slow
 def test_next_cycle_plans_from_where_the_cube_really_is() -> None:
     """Move the cube by hand between cycles: the next cycle must plan from (and succeed at) its new pose."""
-    env = get_task(TASK).build({"cycles": 2, "image_size": 32})
+    env: Any = get_task(TASK).build({"cycles": 2, "image_size": 32})
     try:
-        fetch = env.unwrapped
+        fetch: Any = env.unwrapped
         plan = _manual_plan(env, seed=7)
         for _ in PHASES:
             next(plan)
@@ -143,7 +144,7 @@ def test_same_seed_same_actions_and_images(ten_episodes: Run) -> None:
 def test_task_info_matches_real_frames_at_default_size() -> None:
     entry = get_task(TASK)
     info = entry.info()
-    env = entry.build()
+    env: Any = entry.build()
     try:
         obs, _ = env.reset(seed=0)
         recorded = [env.demo_record(obs)]
@@ -186,7 +187,7 @@ def test_depth_option_renders_metres_from_the_front_camera() -> None:
     assert rgb.kind == "rgb" and "depth" not in entry.info({"cycles": 1}).options  # off: fingerprint unchanged
 
     def first_frames() -> list[np.ndarray]:
-        env = entry.build(options)
+        env: Any = entry.build(options)
         try:
             obs, _ = env.reset(seed=3)
             frames = [env.demo_record(obs).images["front_depth"]]

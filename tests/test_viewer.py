@@ -516,10 +516,11 @@ def check_depth_preview(data: bytes, codes: np.ndarray, identity, fps: int, near
 
     from demoforge.storage import depth as depth_video
 
-    with av.open(io.BytesIO(data)) as container:
+    with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]
         assert stream.codec_context.name == "h264" and stream.codec_context.pix_fmt == "yuv420p"
-        decoded = [(float(f.pts * f.time_base), f.to_ndarray(format="rgb24")) for f in container.decode(stream)]
+        decoded = [(float((f.pts or 0) * (f.time_base or 0)), f.to_ndarray(format="rgb24"))
+                   for f in container.decode(stream)]
     assert len(decoded) == len(codes)
     assert [round(t * fps, 3) for t, _ in decoded] == list(range(len(codes)))
     for i in (0, len(codes) // 2, len(codes) - 1):
@@ -712,7 +713,7 @@ def request(port: int, path: str, method: str = "GET", headers: dict | None = No
         conn.close()
 
 
-def test_hostile_requests_are_refused_and_nothing_outside_is_read(hostile_dataset):
+def test_hostile_requests_are_refused_and_nothing_outside_is_read(hostile_dataset) -> None:
     root, secret = hostile_dataset
     opened: list[str] = []
 

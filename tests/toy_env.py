@@ -13,7 +13,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from demoforge.stages.contract import RecordedObservation, Segment
+from demoforge.stages.contract import RecordedObservation, Segment, Validator
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class PointEnv(gym.Env):
         self.resets += 1
         return self._obs(), {}
 
-    def step(self, action):
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         if self.raise_at is not None and self.t == self.raise_at:
             raise RuntimeError("simulated physics blow-up")
         self.actions_log.append(float(np.asarray(action).reshape(-1)[0]))
@@ -77,7 +77,7 @@ class PointEnv(gym.Env):
             self.positions_seen_by_planner.append(start)
             yield Segment(actions=(np.array([spec.delta], np.float32) for _ in range(spec.steps)),
                           name=spec.name, metadata={"start_x": start},
-                          validator=(lambda view, ok=spec.valid: ok))
+                          validator=_always(spec.valid))
 
     def demo_record(self, observation) -> RecordedObservation:
         images = {}
@@ -94,3 +94,8 @@ class HoldingPointEnv(PointEnv):
     def demo_hold_action(self) -> np.ndarray:
         self.hold_calls += 1
         return np.zeros(1, np.float32)
+
+
+def _always(verdict: bool) -> Validator:
+    """A validator that says ``verdict`` whatever the segment left."""
+    return lambda view: verdict
