@@ -52,7 +52,9 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
             "keep_failures": ((bool,), "also commit failed attempts as episodes of their own (generate "
                                        "--keep-failures); periodic exports take the job's episodes only"),
             "encoder_process": ((bool, str), "each worker's encoders run in a process of their own: true, false "
-                                              "or \"auto\" (generate --encoder-process)")},
+                                              "or \"auto\" (generate --encoder-process)"),
+            "encoder_priority": ((str,), "\"normal\" or \"idle\": the encoder process at idle priority "
+                                         "(generate --encoder-priority)")},
     "ray": {"address": ((str,), "HOST:PORT or \"auto\" of a running Ray cluster (default: start a local Ray)"),
             "num_workers": ((int,), "Ray actors (default: job.workers)"),
             "cpus_per_worker": ((int, float), "CPUs each actor reserves"),
@@ -125,6 +127,12 @@ def _encoder_process(value: bool | str) -> bool | None:
     return None
 
 
+def _encoder_idle(value: str) -> bool:
+    if value not in ("normal", "idle"):
+        raise DaemonConfigError(f"job.encoder_priority must be \"normal\" or \"idle\", got {value!r}")
+    return value == "idle"
+
+
 def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
     job, video = raw.get("job", {}), raw.get("video", {})
     episodes = job.get("episodes", "unbounded")
@@ -143,7 +151,8 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
                        max_consecutive_abandoned=job.get("max_consecutive_abandoned",
                                                          DEFAULT_MAX_CONSECUTIVE_ABANDONED),
                        control=_control(raw.get("control")), keep_failures=job.get("keep_failures", False),
-                       encoder_process=_encoder_process(job.get("encoder_process", "auto")))
+                       encoder_process=_encoder_process(job.get("encoder_process", "auto")),
+                       encoder_idle=_encoder_idle(job.get("encoder_priority", "normal")))
         from demoforge.pipeline.tasks.registry import get_task
 
         get_task(spec.task).resolve_options(spec.task_options)

@@ -41,6 +41,9 @@ class JobSpec:
     # None: when the frames are large enough (stages/settings.py encoders_apart). The bytes are the same either
     # way (not in the fingerprint)
     encoder_process: bool | None = None
+    # that process (and every thread of it) runs at idle priority (SCHED_IDLE; turns the process on where
+    # encoder_process is None); for a machine the job has to itself; not in the fingerprint
+    encoder_idle: bool = False
     # stop when this many episodes in a row were abandoned (0: never); not in the fingerprint
     max_consecutive_abandoned: int = DEFAULT_MAX_CONSECUTIVE_ABANDONED
     control: ControlSpec | None = None  # noise, a driving policy, beta, takeover (stages/control.py)
@@ -63,6 +66,9 @@ class JobSpec:
         for name, (value, lo, hi) in checks.items():
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise JobConfigError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+        if self.encoder_idle and self.encoder_process is False:
+            raise JobConfigError("the idle encoder priority needs the encoder process (encoders beside the env run in "
+                                 "the env's own process): set the encoder process on or auto, or the priority normal")
 
     def task_info(self) -> TaskInfo:
         return get_task(self.task).info(self.task_options)

@@ -2,7 +2,7 @@
 
 FD is this end of a socket pair to the worker (stages/encoder_process.py), MEMFD the frames' shared memory.
 Messages are pickled tuples between the two processes of one worker (never stored): ``("setup", cameras, fps,
-video settings, statistics folder, slots)`` once, then ``("frame", key, slot)``, ``("end", key, keep)`` and
+video settings, statistics folder, slots, idle)`` once, then ``("frame", key, slot)``, ``("end", key, keep)`` and
 ``("quit",)``; back: ``("ok", result, busy seconds)`` per job in order, or ``("error", exception)`` once (the lane's own
 error, so a full disk stays a ``StorageWriteError``; one that cannot be pickled comes as an ``EncoderError``
 naming it).
@@ -32,9 +32,12 @@ def serve(conn: Connection, memfd: int) -> None:
     """A LaneSet fed from the socket; a second thread sends each job's result back in order."""
     reset_process_priority()  # normal priority whatever the parent's state
     try:
-        _, cameras, fps, settings, stats_dir, slots = conn.recv()
+        _, cameras, fps, settings, stats_dir, slots, idle = conn.recv()
     except (EOFError, OSError):
         os._exit(0)
+    if idle:  # every thread there is (OpenBLAS starts its pool at numpy's import), and the ones started later
+        for tid in os.listdir("/proc/self/task"):  # (the lanes, SVT-AV1's own) inherit the class
+            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
     layout, slot_bytes = frame_layout(cameras)
     buffer = mmap.mmap(memfd, slot_bytes * slots)
     lanes = LaneSet({c.name: functools.partial(make_recording_encoder, c, fps, settings, stats_dir=stats_dir)

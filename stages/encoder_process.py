@@ -13,6 +13,11 @@ own error (an ``EncoderError``, a ``StorageWriteError`` for a full disk), as it 
 child (``python -m demoforge.stages.encoder_child``, a fresh interpreter: it never re-runs the caller's main
 module, and never inherits an EGL context) ends when the parent closes it or dies (its socket reaches end of
 file).
+
+``idle``: the child and every thread it starts run in the ``SCHED_IDLE`` class, so the simulator's renderer
+preempts the encoders whenever it wakes (they encode on the CPU it leaves; frames wait in the ring meanwhile). For
+a machine the job has to itself: while any other program keeps the cores busy, an idle-class encoder gets almost
+no CPU and the job waits behind it (docs/performance.md, "The encoder process's priority").
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ class EncoderProcess:
     """Camera lanes in a child process; blocking, for one worker's thread (see the module docstring)."""
 
     def __init__(self, cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings, *,
-                 stats_dir: Path | None = None, slots: int = 16) -> None:
+                 stats_dir: Path | None = None, slots: int = 16, idle: bool = False) -> None:
         self._cameras = {c.name: c for c in cameras}
         self._layout, self._slot_bytes = frame_layout(cameras)
         self._slots = slots
@@ -78,7 +83,7 @@ class EncoderProcess:
             theirs.close()
         self._conn = Connection(ours.detach())
         self._closed = False
-        self._send(("setup", cameras, fps, settings, stats_dir, slots))
+        self._send(("setup", cameras, fps, settings, stats_dir, slots, idle))
 
     @property
     def pid(self) -> int:

@@ -34,11 +34,12 @@ class RecordEncoder:
     :meth:`drain` waits for all of them. After an exception inside an attempt, :meth:`reset` drops what is
     pending and starts fresh lanes (the old ones abort their encoders). ``delay_s`` slows each encoded frame
     (the crash tests' ``encode`` stage delay). ``apart``: the lanes run in a process of their own
-    (stages/encoder_process.py), not beside the env (a job without cameras starts none)."""
+    (stages/encoder_process.py), not beside the env (a job without cameras starts none); ``idle``: that process
+    runs at idle priority (EncoderProcess)."""
 
     def __init__(self, cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings, *,
                  stats_dir: Path | None = None, lag: int = DEFAULT_ENCODE_LAG, delay_s: float = 0.0,
-                 stop: threading.Event | None = None, apart: bool = False) -> None:
+                 stop: threading.Event | None = None, apart: bool = False, idle: bool = False) -> None:
         if lag < 0:
             raise ValueError(f"lag must be >= 0 encoder jobs, got {lag}")
         self._makers = {c.name: functools.partial(make_recording_encoder, c, fps, settings, stats_dir=stats_dir)
@@ -46,7 +47,7 @@ class RecordEncoder:
         self._new_lanes: Callable[[], LaneSet | EncoderProcess]
         if apart and cameras:
             self._new_lanes = functools.partial(EncoderProcess, cameras, fps, settings, stats_dir=stats_dir,
-                                                slots=lag + 2)
+                                                slots=lag + 2, idle=idle)
         else:
             self._new_lanes = functools.partial(LaneSet, self._makers)
         self.lag = lag

@@ -27,11 +27,12 @@ class JobConfigError(ValueError):
     """A job setting is out of range or unknown."""
 
 
-def encoders_apart(choice: bool | None, cameras: tuple[CameraSpec, ...]) -> bool:
-    """Whether a job's workers encode in a process of their own: ``choice`` if given (None: by frame size)."""
+def encoders_apart(choice: bool | None, cameras: tuple[CameraSpec, ...], idle: bool = False) -> bool:
+    """Whether a job's workers encode in a process of their own: ``choice`` if given (None: by frame size, or
+    always when the encoders are to run at idle priority, which only a process of their own can)."""
     if choice is not None:
         return choice and bool(cameras)
-    return sum(c.width * c.height for c in cameras) >= ENCODER_PROCESS_MIN_PIXELS
+    return bool(cameras) and (idle or sum(c.width * c.height for c in cameras) >= ENCODER_PROCESS_MIN_PIXELS)
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,7 @@ class StepSettings:
     stats_dir: Path | None = None
     encode_lag: int = DEFAULT_ENCODE_LAG
     encoder_process: bool = False  # the encoders run in a process of their own (stages/encoder_process.py)
+    encoder_idle: bool = False  # ... at idle priority (SCHED_IDLE)
     num_envs: int = 1
     step_timeout_s: float | None = None
     send_batch: int = 1
@@ -255,7 +256,7 @@ class _EnvThread:
             self.encoder = encoder = RecordEncoder(settings.cameras, settings.fps, settings.video,
                                                    stats_dir=settings.stats_dir, lag=settings.encode_lag,
                                                    delay_s=context.delay("encode"), stop=stop,
-                                                   apart=settings.encoder_process)
+                                                   apart=settings.encoder_process, idle=settings.encoder_idle)
             state.busy()
             env = build_env(self.make_row_env, settings.num_envs)
             executor = Executor(env, task=settings.task, job_seed=settings.job_seed,

@@ -46,6 +46,14 @@ def test_unknown_task_and_bad_option_are_clear_errors():
     assert bad.returncode == 2 and "has no option 'cycle'" in bad.stderr
 
 
+def test_idle_encoder_priority_without_the_encoder_process_is_refused_before_anything_is_made(tmp_path):
+    store = tmp_path / "store"
+    refused = run_cli("generate", "--task", "toy-point", "--episodes", "1", "--store", str(store),
+                      "--encoder-process", "off", "--encoder-priority", "idle")
+    assert refused.returncode == 2 and "the idle encoder priority needs the encoder process" in refused.stderr
+    assert "Traceback" not in refused.stderr and not store.exists()
+
+
 def test_every_command_and_option_is_documented_with_an_example():
     """`demoforge --help` and each command's help end with an example; every option says what it does."""
     import argparse

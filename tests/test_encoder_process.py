@@ -176,6 +176,8 @@ def test_auto_runs_the_encoders_apart_for_frames_of_128x128_pixels_and_more():
     assert encoders_apart(None, small + (CameraSpec("c", 128, 64),))  # 9216 + 4096 + 8192 pixels: 21504
     assert encoders_apart(True, small) and not encoders_apart(False, large)
     assert not encoders_apart(True, ())  # nothing to encode: no process
+    # idle priority needs a process of their own: auto turns it on; an explicit off is refused by the job
+    assert encoders_apart(None, small, idle=True) and not encoders_apart(None, (), idle=True)
 
 
 def test_the_encoder_process_imports_no_event_loop_no_gymnasium_and_no_store():

@@ -18,10 +18,12 @@ import pytest
 import toy_tasks
 from demoforge.stages.camera_encoder import CameraEncoder
 from demoforge.stages.encode import encode_stage
+from demoforge.stages.encoder_process import EncoderProcess
 from demoforge.stages.executor import RangeWorkSource, Executor
+from demoforge.stages.record_encoder import RecordEncoder
 from demoforge.stages.records import EncodedFrame, Frame
 from demoforge.stages.settings import VideoSettings
-from demoforge.storage.scheduling import normal_priority, realtime_threads, reset_process_priority
+from demoforge.storage.scheduling import normal_priority, realtime_threads, reset_process_priority, thread_schedules
 from demoforge.storage.schema import CameraSpec
 from helpers import cli_env, demoforge_argv
 from test_stages import INFO, OPTIONS
@@ -83,6 +85,41 @@ def test_an_av1_encoder_leaves_every_thread_and_later_children_at_normal_priorit
     assert open_realtime == []
     assert open_schedule == before
     assert open_child == os.SCHED_OTHER
+
+
+def encoder_process_threads(idle: bool) -> tuple[dict[int, int], int]:
+    """The scheduling class of every thread of an encoder process whose AV1 encoder is open and has encoded a
+    frame (SVT-AV1's own threads exist then), and the class of this test's thread meanwhile."""
+    options = {**OPTIONS, "size": 64}  # SVT-AV1 needs at least 64x64
+    env = toy_tasks.CameraPointEnv(options)
+    try:
+        records = list(Executor(env, task="toy-point").run(RangeWorkSource(1)))
+    finally:
+        env.close()
+    encoder = RecordEncoder(toy_tasks.describe(options).cameras, INFO.fps, VideoSettings(), apart=True, lag=0,
+                            idle=idle)
+    try:
+        out: list = []
+        for record in records:  # lag 0: each result is back before feed returns
+            out += encoder.feed(record)
+            if any(isinstance(r, EncodedFrame) for r in out):
+                break
+        assert any(isinstance(r, EncodedFrame) for r in out)
+        assert isinstance(encoder.lanes, EncoderProcess)
+        threads = {tid: s.policy for tid, s in thread_schedules(encoder.lanes.pid).items()}
+        return threads, os.sched_getscheduler(0)
+    finally:
+        encoder.close()
+
+
+def test_the_idle_encoder_process_and_every_thread_it_starts_run_at_idle_priority() -> None:
+    """--encoder-priority idle: the child, its lanes and SVT-AV1's threads are SCHED_IDLE, so the simulator's
+    renderer preempts them; the env's own thread keeps its class. By default they are all SCHED_OTHER."""
+    idle, ours = encoder_process_threads(idle=True)
+    assert len(idle) >= 4, idle  # main, lane, result sender and SVT-AV1's own threads
+    assert set(idle.values()) == {os.SCHED_IDLE} and ours == os.SCHED_OTHER
+    normal, _ = encoder_process_threads(idle=False)
+    assert len(normal) >= 4 and set(normal.values()) == {os.SCHED_OTHER}
 
 
 @pytest.mark.anyio

@@ -228,7 +228,8 @@ class RemoteExecutor:
                                fps=info.fps, batch_frames=config.batch_frames,
                                task_modules=task_modules_for(get_task(spec.task)), control=spec.control,
                                keep_failures=spec.keep_failures,
-                               encoder_process=encoders_apart(spec.encoder_process, info.cameras),
+                               encoder_process=encoders_apart(spec.encoder_process, info.cameras, spec.encoder_idle),
+                               encoder_idle=spec.encoder_idle,
                                rerender=spec.rerender)
         self.on_event = on_event or (lambda _line: None)
         self.on_workers = on_workers or (lambda _count: None)

@@ -73,6 +73,7 @@ class WorkerSpec:
     control: ControlSpec | None = None  # who drives (stages/control.py)
     keep_failures: bool = False  # failed attempts end kept (stages/executor.py Executor)
     encoder_process: bool = False  # the encoders run in a process of their own (stages/encoder_process.py)
+    encoder_idle: bool = False  # ... at idle priority (SCHED_IDLE)
     rerender: RerenderSpec | None = None  # a rerender job's source (pipeline/rerender.py)
 
 
@@ -130,7 +131,8 @@ class EpisodeWorker:
                                        f"{spec.control.driver}: {type(exc).__name__}: {exc}") from None
         # The worker's encoders, as an env thread of a local job runs them: one lane per camera, each owning an
         # attempt's encoder from its first frame to its finish or abort.
-        self._encoder = RecordEncoder(spec.cameras, spec.fps, spec.video, apart=spec.encoder_process)
+        self._encoder = RecordEncoder(spec.cameras, spec.fps, spec.video, apart=spec.encoder_process,
+                                      idle=spec.encoder_idle)
 
     def _build(self) -> Any:
         from demoforge.pipeline.rerender import build_job_env
