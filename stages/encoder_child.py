@@ -37,7 +37,10 @@ def serve(conn: Connection, memfd: int) -> None:
         os._exit(0)
     if idle:  # every thread there is (OpenBLAS starts its pool at numpy's import), and the ones started later
         for tid in os.listdir("/proc/self/task"):  # (the lanes, SVT-AV1's own) inherit the class
-            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+            try:
+                os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+            except ProcessLookupError:
+                pass  # the thread ended meanwhile
     layout, slot_bytes = frame_layout(cameras)
     buffer = mmap.mmap(memfd, slot_bytes * slots)
     lanes = LaneSet({c.name: functools.partial(make_recording_encoder, c, fps, settings, stats_dir=stats_dir)
