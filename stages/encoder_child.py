@@ -25,7 +25,7 @@ import numpy as np
 from demoforge.stages.camera_encoder import EncoderError, make_recording_encoder
 from demoforge.stages.encode_lanes import LaneSet
 from demoforge.stages.encoder_process import frame_layout
-from demoforge.storage.scheduling import reset_process_priority
+from demoforge.storage.scheduling import idle_process_priority, reset_process_priority
 
 
 def serve(conn: Connection, memfd: int) -> None:
@@ -35,12 +35,8 @@ def serve(conn: Connection, memfd: int) -> None:
         _, cameras, fps, settings, stats_dir, slots, idle = conn.recv()
     except (EOFError, OSError):
         os._exit(0)
-    if idle:  # every thread there is (OpenBLAS starts its pool at numpy's import), and the ones started later
-        for tid in os.listdir("/proc/self/task"):  # (the lanes, SVT-AV1's own) inherit the class
-            try:
-                os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
-            except ProcessLookupError:
-                pass  # the thread ended meanwhile
+    if idle:  # every thread there is (OpenBLAS starts its pool at numpy's import); the lanes and SVT-AV1's own
+        idle_process_priority()  # threads, started later, inherit the class
     layout, slot_bytes = frame_layout(cameras)
     buffer = mmap.mmap(memfd, slot_bytes * slots)
     lanes = LaneSet({c.name: functools.partial(make_recording_encoder, c, fps, settings, stats_dir=stats_dir)

@@ -17,7 +17,8 @@ another way) is put back: every thread that became real-time inside the block re
 priority it had before (a new thread: the opening thread's). No library setting turns SVT-AV1's request off.
 
 :func:`reset_process_priority` is for processes we start (workers, the export child, Ray actors, the viewer):
-they begin at normal priority whatever their parent's state.
+they begin at normal priority whatever their parent's state. :func:`idle_process_priority` is the one step below normal
+we take, on request only: an encoder process that yields every core to the simulator.
 """
 
 from __future__ import annotations
@@ -159,3 +160,9 @@ def reset_process_priority() -> int:
 
     Called first thing by the processes demoforge starts, so they run at normal priority whatever started them."""
     return _restore({}, NORMAL)
+
+
+def idle_process_priority() -> int:
+    """Put every thread of this process in the SCHED_IDLE class; threads it starts afterwards inherit it. How
+    many it moved. For the encoder process at ``--encoder-priority idle`` (stages/encoder_process.py)."""
+    return sum(_set_schedule(tid, os.SCHED_IDLE, 0) for tid in thread_schedules())
