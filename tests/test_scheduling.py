@@ -87,17 +87,22 @@ def test_an_av1_encoder_leaves_every_thread_and_later_children_at_normal_priorit
     assert open_child == os.SCHED_OTHER
 
 
+def av1_toy_records(episodes: int) -> tuple[list, tuple[CameraSpec, ...]]:
+    """The executor's records of toy episodes with a camera SVT-AV1 accepts (at least 64x64), and its cameras."""
+    options = {**OPTIONS, "size": 64}
+    env = toy_tasks.CameraPointEnv(options)
+    try:
+        records = list(Executor(env, task="toy-point").run(RangeWorkSource(episodes)))
+    finally:
+        env.close()
+    return records, toy_tasks.describe(options).cameras
+
+
 def encoder_process_threads(idle: bool) -> tuple[dict[int, int], int]:
     """The scheduling class of every thread of an encoder process whose AV1 encoder is open and has encoded a
     frame (SVT-AV1's own threads exist then), and the class of this test's thread meanwhile."""
-    options = {**OPTIONS, "size": 64}  # SVT-AV1 needs at least 64x64
-    env = toy_tasks.CameraPointEnv(options)
-    try:
-        records = list(Executor(env, task="toy-point").run(RangeWorkSource(1)))
-    finally:
-        env.close()
-    encoder = RecordEncoder(toy_tasks.describe(options).cameras, INFO.fps, VideoSettings(), apart=True, lag=0,
-                            idle=idle)
+    records, cameras = av1_toy_records(1)
+    encoder = RecordEncoder(cameras, INFO.fps, VideoSettings(), apart=True, lag=0, idle=idle)
     try:
         out: list = []
         for record in records:  # lag 0: each result is back before feed returns
@@ -126,13 +131,7 @@ def test_the_idle_encoder_process_and_every_thread_it_starts_run_at_idle_priorit
 async def test_the_encode_stage_lanes_open_av1_at_normal_priority() -> None:
     """The lanes (one thread per camera) open the encoders: none of their threads, nor a child started while
     they are open, is real-time."""
-    options = {**OPTIONS, "size": 64}  # SVT-AV1 needs at least 64x64
-    env = toy_tasks.CameraPointEnv(options)
-    try:
-        records = list(Executor(env, task="toy-point").run(RangeWorkSource(2)))
-    finally:
-        env.close()
-    cameras = toy_tasks.describe(options).cameras
+    records, cameras = av1_toy_records(2)
     in_send, in_recv = anyio.create_memory_object_stream[object](len(records))
     for item in records:
         in_send.send_nowait(item)
