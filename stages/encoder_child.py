@@ -2,10 +2,10 @@
 
 FD is this end of a socket pair to the worker (stages/encoder_process.py), MEMFD the frames' shared memory.
 Messages are pickled tuples between the two processes of one worker (never stored): ``("setup", cameras, fps,
-video settings, statistics folder, slots, idle)`` once, then ``("frame", key, slot)``, ``("end", key, keep)`` and
-``("quit",)``; back: ``("ok", result, busy seconds)`` per job in order, or ``("error", exception)`` once (the lane's own
-error, so a full disk stays a ``StorageWriteError``; one that cannot be pickled comes as an ``EncoderError``
-naming it).
+video settings, statistics folder, slots, idle)`` once, then ``("frame", key, slot)``, ``("end", key, keep)``,
+``("hurry",)`` (the parent waits for a result) and ``("quit",)``; back: ``("ok", result, busy seconds)`` per job
+in order, or ``("error", exception)`` once (the lane's own error, so a full disk stays a ``StorageWriteError``; one
+that cannot be pickled comes as an ``EncoderError`` naming it).
 """
 
 from __future__ import annotations
@@ -25,7 +25,51 @@ import numpy as np
 from demoforge.stages.camera_encoder import EncoderError, make_recording_encoder
 from demoforge.stages.encode_lanes import LaneSet
 from demoforge.stages.encoder_process import frame_layout
-from demoforge.storage.scheduling import idle_process_priority, reset_process_priority
+from demoforge.storage.scheduling import reset_process_priority, set_process_class
+
+
+class EncoderPriority:
+    """``--encoder-priority idle``: the encoding threads (the lanes, SVT-AV1's, OpenBLAS's) in the SCHED_IDLE
+    class, so the simulator gets the cores first; raised to normal while the worker waits for a result and put back
+    once every job it submitted has its result, so other programs that keep the cores busy can slow the job, never
+    starve it. The threads in ``spare`` (this process's main thread, which reads the worker's messages, and the
+    result sender) stay normal: they barely compute, and a hurry must be read at once."""
+
+    def __init__(self, spare: set[int]) -> None:
+        self._spare = spare
+        self._lock = threading.Lock()
+        self._raised = True  # until the first lower()
+        self._backlog = 0  # jobs submitted whose result has not gone back
+
+    def spare(self, tid: int) -> None:
+        with self._lock:
+            self._spare.add(tid)
+
+    def lower(self) -> None:
+        with self._lock:
+            self._lower()
+
+    def _lower(self) -> None:
+        set_process_class(os.SCHED_IDLE, self._spare)
+        self._raised = False
+
+    def submitted(self) -> None:
+        with self._lock:
+            self._backlog += 1
+
+    def hurry(self) -> None:
+        with self._lock:
+            if not self._raised:
+                set_process_class(os.SCHED_OTHER, self._spare)
+                self._raised = True
+
+    def settle(self) -> None:
+        """After a result went back: lower again once no job waits for its result. (A hurry always follows the
+        job it waits for, so it finds the threads lowered and raises them again.)"""
+        with self._lock:
+            self._backlog -= 1
+            if self._backlog == 0 and self._raised:
+                self._lower()
 
 
 def serve(conn: Connection, memfd: int) -> None:
@@ -35,13 +79,14 @@ def serve(conn: Connection, memfd: int) -> None:
         _, cameras, fps, settings, stats_dir, slots, idle = conn.recv()
     except (EOFError, OSError):
         os._exit(0)
-    if idle:  # every thread there is (OpenBLAS starts its pool at numpy's import); the lanes and SVT-AV1's own
-        idle_process_priority()  # threads, started later, inherit the class
     layout, slot_bytes = frame_layout(cameras)
     buffer = mmap.mmap(memfd, slot_bytes * slots)
     lanes = LaneSet({c.name: functools.partial(make_recording_encoder, c, fps, settings, stats_dir=stats_dir)
                      for c in cameras})
     jobs: queue.SimpleQueue[bool] = queue.SimpleQueue()  # one token per job submitted; False: stop
+    priority = EncoderPriority({threading.get_native_id()}) if idle else None
+    if priority is not None:  # every thread but this one (OpenBLAS's pool, the lanes); SVT-AV1's threads, started
+        priority.lower()  # later by a lane, inherit its class
 
     def send_results() -> None:
         while jobs.get():
@@ -60,9 +105,13 @@ def serve(conn: Connection, memfd: int) -> None:
                 return  # the parent is gone; the main loop sees it too
             if message[0] == "error":
                 return
+            if priority is not None:
+                priority.settle()
 
     sender = threading.Thread(target=send_results, name="encoder-results", daemon=True)
     sender.start()
+    if priority is not None and sender.native_id is not None:
+        priority.spare(sender.native_id)  # started by this thread: normal already
     try:
         while True:
             try:
@@ -72,13 +121,20 @@ def serve(conn: Connection, memfd: int) -> None:
             if message[0] == "frame":
                 _, key, slot = message
                 base = slot * slot_bytes
+                if priority is not None:
+                    priority.submitted()
                 lanes.submit_frame(key, {c.name: np.ndarray(c.shape, layout[c.name][1], buffer=buffer,
                                                              offset=base + layout[c.name][0]) for c in cameras})
                 jobs.put(True)
             elif message[0] == "end":
                 _, key, keep = message
+                if priority is not None:
+                    priority.submitted()
                 lanes.submit_end(key, keep)
                 jobs.put(True)
+            elif message[0] == "hurry":
+                if priority is not None:
+                    priority.hurry()
             else:
                 break
     finally:

@@ -14,10 +14,12 @@ child (``python -m demoforge.stages.encoder_child``, a fresh interpreter: it nev
 module, and never inherits an EGL context) ends when the parent closes it or dies (its socket reaches end of
 file).
 
-``idle``: the child and every thread it starts run in the ``SCHED_IDLE`` class, so the simulator's renderer
-preempts the encoders whenever it wakes (they encode on the CPU it leaves; frames wait in the ring meanwhile). For
-a machine the job has to itself: while any other program keeps the cores busy, an idle-class encoder gets almost
-no CPU and the job waits behind it (docs/performance.md, "The encoder process's priority").
+``idle``: the child's encoding threads run in the ``SCHED_IDLE`` class, so the simulator's renderer preempts
+them whenever it wakes (they encode on the CPU it leaves; frames wait in the ring meanwhile). When the worker has
+to wait for a result (the ring is full, or it drains at an attempt's end) it tells the child, which raises them
+to normal priority until every job submitted has its result: other programs that keep the cores busy slow the
+job, as they would at normal priority, but cannot starve it (docs/performance.md, "The encoder process's
+priority").
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class EncoderProcess:
             theirs.close()
         self._conn = Connection(ours.detach())
         self._closed = False
+        self._idle = idle
         self._send(("setup", cameras, fps, settings, stats_dir, slots, idle))
 
     @property
@@ -109,6 +112,8 @@ class EncoderProcess:
     def take_result(self) -> Result:
         """The next job's result of every camera, in submission order; raises the child's failure."""
         try:
+            if self._idle and not self._conn.poll():  # about to wait: the child raises its encoders to normal
+                self._conn.send(("hurry",))
             message = self._conn.recv()
         except (EOFError, OSError) as exc:
             raise self._died() from exc

@@ -17,8 +17,8 @@ another way) is put back: every thread that became real-time inside the block re
 priority it had before (a new thread: the opening thread's). No library setting turns SVT-AV1's request off.
 
 :func:`reset_process_priority` is for processes we start (workers, the export child, Ray actors, the viewer):
-they begin at normal priority whatever their parent's state. :func:`idle_process_priority` is the one step below normal
-we take, on request only: an encoder process that yields every core to the simulator.
+they begin at normal priority whatever their parent's state. :func:`set_process_class` takes the one step below
+normal we take, on request only: an encoder process whose encoders yield every core to the simulator.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import ctypes
 import functools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -162,7 +162,11 @@ def reset_process_priority() -> int:
     return _restore({}, NORMAL)
 
 
-def idle_process_priority() -> int:
-    """Put every thread of this process in the SCHED_IDLE class; threads it starts afterwards inherit it. How
-    many it moved. For the encoder process at ``--encoder-priority idle`` (stages/encoder_process.py)."""
-    return sum(_set_schedule(tid, os.SCHED_IDLE, 0) for tid in thread_schedules())
+def set_process_class(policy: int, spare: Collection[int] = ()) -> int:
+    """Put every thread of this process but those in ``spare`` (thread ids) in ``policy``, one of the normal
+    classes (SCHED_OTHER, SCHED_BATCH, SCHED_IDLE; never a real-time one); threads they start afterwards inherit
+    it. How many it moved. For the encoder process at ``--encoder-priority idle`` (stages/encoder_child.py)."""
+    if policy in REALTIME_POLICIES:
+        raise ValueError(f"real-time scheduling class {policy} refused: nothing demoforge starts runs real-time")
+    return sum(_set_schedule(tid, policy, 0) for tid, now in thread_schedules().items()
+               if tid not in spare and now.policy != policy)

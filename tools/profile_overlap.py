@@ -3,7 +3,8 @@
 
 Each round runs the task's episodes twice in fresh processes, interleaved: env only (the executor with
 rendering, frames discarded, as ``demoforge run``) and ``run_job`` (the thread executor: encode, stage,
-commit, as ``demoforge generate --encoder-process off``; ``--encoder-process`` adds the same with ``on``, and
+commit, as ``demoforge generate --encoder-process off``; ``--encoder-process`` adds the same with ``on`` at normal priority, ``--encoder-idle`` with the process's
+encoders at idle priority (the default wherever the process runs), and
 ``--apart`` env only with its frames piped to a bare encoder process). Inside each, the env is wrapped to time every ``env.step`` (wall and the
 env thread's own CPU) and the step stage's hand-offs to the event loop are timed, so the difference splits
 into: the simulator itself running slower beside the recorder (``in env.step``), the recorder's work on the
@@ -87,8 +88,10 @@ def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
         encoded = _encode_apart(entry, task, episodes, run_episodes, idle=mode == "apart-idle")
         timed["encoded_frames"] = encoded
     else:
-        run_job(JobSpec(task=task, episodes=episodes, encoder_process=mode == "generate-apart"),  # "generate": beside the env
-                store)
+        # "generate": beside the env; "generate-apart": in a process of their own; "generate-idle": that process
+        # at idle scheduling priority (generate --encoder-priority idle)
+        run_job(JobSpec(task=task, episodes=episodes, encoder_process=mode != "generate",
+                        encoder_idle=mode == "generate-idle"), store)
     timed["wall"] = time.perf_counter() - wall
     timed["tail"] = timed["wall"] - timed.get("last_step_at", timed["wall"])
     timed["cpu"] = time.process_time() - cpu
@@ -191,11 +194,15 @@ def main() -> None:
     parser.add_argument("--task", default="aloha-transfer-cube", help="task (default: aloha-transfer-cube)")
     parser.add_argument("--episodes", type=int, default=2, help="episodes per run (default: 2)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default: 2)")
-    parser.add_argument("--child", choices=("env-only", "generate", "generate-apart", "apart", "apart-idle"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("env-only", "generate", "generate-apart", "generate-idle", "apart", "apart-idle"), help=argparse.SUPPRESS)
     parser.add_argument("--encoder-process", action="store_true",
-                        help="also run generate with --encoder-process on (generate-apart: each worker's encoders in "
-                             "a process of their own; its process CPU leaves out that process); generate itself "
-                             "runs them beside the env (default: off)")
+                        help="also run generate with --encoder-process on --encoder-priority normal (generate-apart: "
+                             "each worker's encoders in a process of their own; its process CPU leaves out that "
+                             "process); generate itself runs them beside the env (default: off)")
+    parser.add_argument("--encoder-idle", action="store_true",
+                        help="also run generate with --encoder-process on --encoder-priority idle (generate-idle: "
+                             "the encoder process's encoders at idle priority, raised while the worker waits; what "
+                             "--encoder-priority auto does wherever the process runs) (default: off)")
     parser.add_argument("--apart", action="store_true",
                         help="also run env only with the encoders in a separate process fed by pipe, at normal "
                              "and at idle scheduling priority: what moving the recorder out would leave "
@@ -207,6 +214,7 @@ def main() -> None:
         print(json.dumps(measure(args.child, args.task, args.episodes, args.store)))
         return
     modes = (["env-only", "generate"] + (["generate-apart"] if args.encoder_process else [])
+             + (["generate-idle"] if args.encoder_idle else [])
              + (["apart", "apart-idle"] if args.apart else []))
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for r in range(args.rounds):
