@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED, JobConfigError, JobSpec, VideoSettings
+from demoforge.pipeline.job import (DEFAULT_MAX_CONSECUTIVE_ABANDONED, ENCODER_PRIORITY_CHOICES, JobConfigError, JobSpec,
+                                    VideoSettings)
 from demoforge.pipeline.workers.config import ExecutorConfig, ExecutorError
 from demoforge.stages.control import ControlError, ControlSpec, parse_noise, parse_takeover
 
@@ -127,10 +128,10 @@ def _encoder_process(value: bool | str) -> bool | None:
     return None
 
 
-def _encoder_idle(value: str) -> bool:
-    if value not in ("normal", "idle"):
-        raise DaemonConfigError(f"job.encoder_priority must be \"normal\" or \"idle\", got {value!r}")
-    return value == "idle"
+def _encoder_idle(value: str) -> bool | None:
+    if value not in ENCODER_PRIORITY_CHOICES:
+        raise DaemonConfigError(f"job.encoder_priority must be \"auto\", \"normal\" or \"idle\", got {value!r}")
+    return ENCODER_PRIORITY_CHOICES[value]
 
 
 def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
@@ -152,7 +153,7 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
                                                          DEFAULT_MAX_CONSECUTIVE_ABANDONED),
                        control=_control(raw.get("control")), keep_failures=job.get("keep_failures", False),
                        encoder_process=_encoder_process(job.get("encoder_process", "auto")),
-                       encoder_idle=_encoder_idle(job.get("encoder_priority", "normal")))
+                       encoder_idle=_encoder_idle(job.get("encoder_priority", "auto")))
         from demoforge.pipeline.tasks.registry import get_task
 
         get_task(spec.task).resolve_options(spec.task_options)

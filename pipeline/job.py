@@ -18,6 +18,9 @@ from demoforge.stages.settings import (
 )
 from demoforge.storage.schema import SCHEMA_VERSION, Fingerprint
 
+#: ``generate --encoder-priority`` / daemon ``job.encoder_priority`` -> JobSpec.encoder_idle.
+ENCODER_PRIORITY_CHOICES: dict[str, bool | None] = {"auto": None, "normal": False, "idle": True}
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -41,9 +44,10 @@ class JobSpec:
     # None: when the frames are large enough (stages/settings.py encoders_apart). The bytes are the same either
     # way (not in the fingerprint)
     encoder_process: bool | None = None
-    # that process (and every thread of it) runs at idle priority (SCHED_IDLE; turns the process on where
-    # encoder_process is None); for a machine the job has to itself; not in the fingerprint
-    encoder_idle: bool = False
+    # that process's encoders run at idle priority (SCHED_IDLE), raised to normal while the worker waits for them
+    # (stages/encoder_child.py); True turns the process on where encoder_process is None; None: idle wherever the
+    # process runs; not in the fingerprint
+    encoder_idle: bool | None = None
     # stop when this many episodes in a row were abandoned (0: never); not in the fingerprint
     max_consecutive_abandoned: int = DEFAULT_MAX_CONSECUTIVE_ABANDONED
     control: ControlSpec | None = None  # noise, a driving policy, beta, takeover (stages/control.py)
@@ -66,7 +70,7 @@ class JobSpec:
         for name, (value, lo, hi) in checks.items():
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise JobConfigError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
-        if self.encoder_idle and self.encoder_process is False:
+        if self.encoder_idle is True and self.encoder_process is False:
             raise JobConfigError("the idle encoder priority needs the encoder process (encoders beside the env run in "
                                  "the env's own process): set the encoder process on or auto, or the priority normal")
 

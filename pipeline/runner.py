@@ -37,7 +37,7 @@ from demoforge.stages.commit import commit_stage
 from demoforge.stages.context import BusyMeter, StageContext
 from demoforge.stages.plan import EpisodePlanner, RunawayStop
 from demoforge.stages.records import EncodedRecord, EpisodeAssignment, StagedAttempt, StagedRecord
-from demoforge.stages.settings import encoders_apart
+from demoforge.stages.settings import encoder_placement
 from demoforge.stages.step import StepSettings, step_stage
 from demoforge.stages.write import write_stage
 from demoforge.storage.recovery import RecoveryReport
@@ -240,12 +240,11 @@ class JobRunner:
                     tg.start_soon(remote.run, assign_recv, enc_send, self._stop)
                 else:
                     async with assign_recv, enc_send:
+                        apart, idle = encoder_placement(spec.encoder_process, spec.encoder_idle, info.cameras)
                         step = StepSettings(task=spec.task, job_seed=spec.seed, max_attempts=spec.max_attempts,
                                             cameras=info.cameras, fps=info.fps, video=spec.video,
                                             stats_dir=self.store_dir,
-                                            encoder_process=encoders_apart(spec.encoder_process, info.cameras,
-                                                                           spec.encoder_idle),
-                                            encoder_idle=spec.encoder_idle,
+                                            encoder_process=apart, encoder_idle=idle,
                                             num_envs=spec.num_envs, step_timeout_s=spec.step_timeout_s,
                                             send_batch=max(1, q // 4),
                                             control=spec.control, make_policy=self.make_policy,

@@ -27,6 +27,15 @@ class JobConfigError(ValueError):
     """A job setting is out of range or unknown."""
 
 
+def encoder_placement(process: bool | None, idle: bool | None,
+                      cameras: tuple[CameraSpec, ...]) -> tuple[bool, bool]:
+    """Where a job's workers encode and how: (in a process of their own, that process at idle priority).
+    ``process`` None: by frame size, or always when idle priority is asked for (only a process of their own can
+    take it); ``idle`` None: idle wherever the encoders run in a process of their own."""
+    apart = encoders_apart(process, cameras, idle is True)
+    return apart, apart and idle is not False
+
+
 def encoders_apart(choice: bool | None, cameras: tuple[CameraSpec, ...], idle: bool = False) -> bool:
     """Whether a job's workers encode in a process of their own: ``choice`` if given (None: by frame size, or
     always when the encoders are to run at idle priority, which only a process of their own can)."""

@@ -143,7 +143,7 @@ class StepSettings:
     stats_dir: Path | None = None
     encode_lag: int = DEFAULT_ENCODE_LAG
     encoder_process: bool = False  # the encoders run in a process of their own (stages/encoder_process.py)
-    encoder_idle: bool = False  # ... at idle priority (SCHED_IDLE)
+    encoder_idle: bool = False  # ... its encoders at idle priority (SCHED_IDLE; raised while the worker waits)
     num_envs: int = 1
     step_timeout_s: float | None = None
     send_batch: int = 1

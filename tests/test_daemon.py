@@ -233,7 +233,7 @@ def test_low_disk_space_pauses_and_resumes_generation(tmp_path):
     ('[job]\ntask = "toy-point"\nencoder_process = "sometimes"\n[store]\ndir = "s"\n',
      'job.encoder_process must be true, false or "auto", got \'sometimes\''),
     ('[job]\ntask = "toy-point"\nencoder_priority = "low"\n[store]\ndir = "s"\n',
-     'job.encoder_priority must be "normal" or "idle", got \'low\''),
+     'job.encoder_priority must be "auto", "normal" or "idle", got \'low\''),
     ('[job]\ntask = "toy-point"\nencoder_process = false\nencoder_priority = "idle"\n[store]\ndir = "s"\n',
      "the idle encoder priority needs the encoder process"),
 ])
@@ -269,4 +269,4 @@ def test_a_control_table_makes_a_policy_in_the_loop_job(tmp_path):
 def test_example_job_file_in_docs_is_valid():
     config = load_config(Path(__file__).resolve().parent.parent / "docs" / "daemon.example.toml")
     assert config.spec.task == "fetch-pick-place" and config.export_dir is not None
-    assert config.spec.encoder_process is None and not config.spec.encoder_idle  # "auto", "normal"
+    assert config.spec.encoder_process is None and config.spec.encoder_idle is None  # "auto", "auto"

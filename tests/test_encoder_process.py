@@ -180,6 +180,22 @@ def test_auto_runs_the_encoders_apart_for_frames_of_128x128_pixels_and_more():
     assert encoders_apart(None, small, idle=True) and not encoders_apart(None, (), idle=True)
 
 
+def test_encoders_run_at_idle_priority_wherever_they_run_apart_unless_told_normal():
+    """--encoder-priority auto (the default) is idle exactly where the encoder process runs; idle turns the
+    process on; normal never lowers it; a job without cameras starts no process and lowers nothing."""
+    from demoforge.stages.settings import encoder_placement
+    from demoforge.storage.schema import CameraSpec
+
+    small, large = (CameraSpec("a", 64, 64),), (CameraSpec("a", 224, 224),)
+    assert encoder_placement(None, None, large) == (True, True)
+    assert encoder_placement(None, None, small) == (False, False)  # beside the env: the env's own process
+    assert encoder_placement(True, None, small) == (True, True)
+    assert encoder_placement(None, True, small) == (True, True)
+    assert encoder_placement(None, False, large) == (True, False)
+    assert encoder_placement(False, None, large) == (False, False)
+    assert encoder_placement(None, True, ()) == (False, False)
+
+
 def test_the_encoder_process_imports_no_event_loop_no_gymnasium_and_no_store():
     # Every worker of every job starts one: what it imports is start-up time (and CPU) taken from the env.
     code = ("import sys, demoforge.stages.encoder_child; "

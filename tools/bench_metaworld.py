@@ -87,12 +87,14 @@ def print_experts(rows: list[dict], seeds: int) -> None:
           f"{sum(r['seconds'] for r in rows):.0f} s")
 
 
-def overhead(task: str, episodes: int, repeat: int, options: list[str]) -> None:
+def overhead(task: str, episodes: int, repeat: int, options: list[str], normal: bool = False) -> None:
     extra = [a for o in options for a in ("--option", o)]
     work = Path(tempfile.mkdtemp(prefix="bench-mw-"))
+    placements = [("", []), ("beside the env", ["--encoder-process", "off"])]
+    if normal:  # the default runs the encoder process's encoders at idle priority
+        placements.append(("at normal priority", ["--encoder-priority", "normal"]))
     variants = {f"generate {kind}{', encoders ' + where if where else ''}": (kind, flag)
-                for kind in ("thread", "process")
-                for where, flag in (("", []), ("beside the env", ["--encoder-process", "off"]))}
+                for kind in ("thread", "process") for where, flag in placements}
     runs: dict[str, list[dict]] = {"env only": [], **{name: [] for name in variants}}
     try:
         for round_ in range(repeat):
@@ -182,6 +184,8 @@ def main() -> None:
                         help="the task of --overhead and --eval (default: metaworld-pick-place-v3)")
     parser.add_argument("--episodes", type=int, default=3, help="episodes of --overhead (default: 3)")
     parser.add_argument("--repeat", type=int, default=2, help="interleaved rounds of --overhead (default: 2)")
+    parser.add_argument("--encoder-normal", action="store_true",
+                        help="--overhead also runs generate with --encoder-priority normal (default: off)")
     parser.add_argument("--mt50", action="store_true", help="a whole MT50 job, 1 episode per task, with export")
     parser.add_argument("--eval", action="store_true", help="train 2 steps, evaluate one full LeRobot episode")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -192,7 +196,7 @@ def main() -> None:
     if args.experts:
         print_experts(experts(args.seeds), args.seeds)
     if args.overhead:
-        overhead(args.task, args.episodes, args.repeat, args.option)
+        overhead(args.task, args.episodes, args.repeat, args.option, normal=args.encoder_normal)
     if args.mt50:
         mt50(args.option)
     if args.eval:

@@ -48,7 +48,7 @@ from demoforge.stages.records import (
     EpisodeAssignment,
     StagedAttempt,
 )
-from demoforge.stages.settings import encoders_apart
+from demoforge.stages.settings import encoder_placement
 from demoforge.stages.step import StepTimeoutError
 
 UNPLACED_NOTICE_S = 2.0  # a start still unplaced then and a second later is said to wait for room
@@ -223,13 +223,13 @@ class RemoteExecutor:
         self.config = config
         self.job = spec
         self.backend = make_backend(config)
+        apart, idle = encoder_placement(spec.encoder_process, spec.encoder_idle, info.cameras)
         self.spec = WorkerSpec(task=spec.task, task_options=dict(info.options), job_seed=spec.seed,
                                max_attempts=spec.max_attempts, video=spec.video, cameras=tuple(info.cameras),
                                fps=info.fps, batch_frames=config.batch_frames,
                                task_modules=task_modules_for(get_task(spec.task)), control=spec.control,
                                keep_failures=spec.keep_failures,
-                               encoder_process=encoders_apart(spec.encoder_process, info.cameras, spec.encoder_idle),
-                               encoder_idle=spec.encoder_idle,
+                               encoder_process=apart, encoder_idle=idle,
                                rerender=spec.rerender)
         self.on_event = on_event or (lambda _line: None)
         self.on_workers = on_workers or (lambda _count: None)

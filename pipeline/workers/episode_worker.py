@@ -73,7 +73,7 @@ class WorkerSpec:
     control: ControlSpec | None = None  # who drives (stages/control.py)
     keep_failures: bool = False  # failed attempts end kept (stages/executor.py Executor)
     encoder_process: bool = False  # the encoders run in a process of their own (stages/encoder_process.py)
-    encoder_idle: bool = False  # ... at idle priority (SCHED_IDLE)
+    encoder_idle: bool = False  # ... its encoders at idle priority (SCHED_IDLE; raised while the worker waits)
     rerender: RerenderSpec | None = None  # a rerender job's source (pipeline/rerender.py)
 
 
