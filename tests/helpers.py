@@ -15,6 +15,9 @@ from pathlib import Path
 import av
 import numpy as np
 
+from demoforge.storage.catalog import AttemptRow
+from demoforge.storage.staging import StagedEpisode, StagingStore
+
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
 
@@ -142,3 +145,9 @@ def committed_files(store: Path) -> dict[str, dict[str, bytes]]:
     for episode_id, base in bases.items():
         out[episode_id] = {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
     return out
+
+
+def read_row(staging: StagingStore, row: AttemptRow) -> StagedEpisode:
+    """A committed attempt's episode read back from staging (a committed row always knows its frame count)."""
+    assert row.frames is not None, f"attempt {row.episode_id} has no frame count: not committed"
+    return staging.read_episode(row.episode_id, row.frames, row.video_bytes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import gymnasium as gym
@@ -78,7 +79,7 @@ def test_annotation_invariants_hold_for_any_plan(plan, seed):
 def test_vector_rows_are_independent_episodes(plans, episodes):
     """Rows finish at different steps; each row's frames form a valid episode of its own plan."""
     envs = [PointEnv(p) for p in plans]
-    vec = gym.vector.SyncVectorEnv([(lambda e=e: e) for e in envs],
+    vec = gym.vector.SyncVectorEnv([functools.partial(lambda e: e, e) for e in envs],
                                    autoreset_mode=gym.vector.AutoresetMode.DISABLED)
     records = list(run_episodes(vec, task="toy", episodes=episodes))
     frames, ended = split(records)
@@ -119,8 +120,8 @@ def test_failed_row_retries_without_disturbing_others():
 
         def create_demo_segments(self):
             self.plans += 1
-            yield Segment(actions=[np.ones(1, np.float32)] * 2, name="a",
-                          validator=lambda view, ok=self.plans > 1: ok)
+            ok = self.plans > 1  # this plan's verdict, fixed when it is made
+            yield Segment(actions=[np.ones(1, np.float32)] * 2, name="a", validator=lambda view: ok)
 
     flaky, steady = FlakyEnv(), PointEnv([SegSpec("long", 8)])
     vec = gym.vector.SyncVectorEnv([lambda: flaky, lambda: steady], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
@@ -137,7 +138,7 @@ def test_failed_row_retries_without_disturbing_others():
 
 def test_legacy_action_list_is_one_segment():
     class Legacy(PointEnv):
-        create_demo_segments = None  # a legacy task only has the flat action list
+        create_demo_segments = None  # type: ignore[assignment]  # a legacy task only has the flat action list
 
         def create_demo_action_list(self):
             return [np.array([0.5], np.float32)] * 4
@@ -150,7 +151,7 @@ def test_legacy_action_list_is_one_segment():
 
 def test_legacy_resolves_through_wrappers():
     class Legacy(PointEnv):
-        create_demo_segments = None  # a legacy task only has the flat action list
+        create_demo_segments = None  # type: ignore[assignment]  # a legacy task only has the flat action list
 
         def create_demo_action_list(self):
             return [np.array([1.0], np.float32)] * 3

@@ -263,7 +263,8 @@ def test_a_control_table_makes_a_policy_in_the_loop_job(tmp_path):
                     'takeover = "gap:0.5:3"\nnoise = "gaussian:0.1@grasp"\n')
     control = load_config(path).spec.control
     assert control is not None and control.driver == "toy_policies:down" and control.beta == 0.5
-    assert control.takeover.text() == "gap:0.5:3" and control.noise.text() == "gaussian:0.1@grasp"
+    assert control.takeover is not None and control.takeover.text() == "gap:0.5:3"
+    assert control.noise is not None and control.noise.text() == "gaussian:0.1@grasp"
 
 
 def test_example_job_file_in_docs_is_valid():

@@ -9,6 +9,7 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -74,7 +75,8 @@ def test_delete_copies_packets_renumbers_everything_and_an_export_never_adds_the
     # stats.json: LeRobot's aggregation of the kept episodes' per-episode stats (nothing decoded)
     root = dataset.resolve()
     stats = load_stats(root)
-    parts = [{k.split("/")[1]: {} for k in m if k.startswith("stats/")} for m in meta]
+    parts: list[dict[str, dict[str, Any]]] = [{k.split("/")[1]: {} for k in m if k.startswith("stats/")}
+                                              for m in meta]
     for part, m in zip(parts, meta):
         for k, v in m.items():
             if k.startswith("stats/"):
@@ -212,7 +214,8 @@ def test_a_lerobot_dataset_is_smart_cut_and_the_reencoded_frames_are_reported(tm
     assert (out.reencoded_frames, out.reencoded_episodes) == (4, 2)
     assert tree(foreign) == before
     edited = tmp_path / "edited"
-    assert ExportMarker.read(edited.resolve()).edit["reencoded_frames"] == 4  # recorded, never silent
+    edit = ExportMarker.read(edited.resolve()).edit
+    assert edit is not None and edit["reencoded_frames"] == 4  # recorded, never silent
     # Neither carries segment records and their features are the same: the source merges with its edit
     merged = tmp_path / "merged"
     assert main(["merge", str(foreign), str(edited), "--out", str(merged)]) == 0, capsys.readouterr().err

@@ -111,6 +111,7 @@ def test_a_killed_encoder_process_fails_the_attempt_and_the_next_lanes_work():
     try:
         encoder.feed(records[0])
         encoder.feed(records[1])
+        assert isinstance(encoder.lanes, EncoderProcess)
         pid = encoder.lanes.pid
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(EncoderError, match=rf"encoder process \(pid {pid}\) ended unexpectedly"):

@@ -15,7 +15,7 @@ from demoforge.pipeline.runner import run_job
 from demoforge.storage.lerobot.export import NotOurDatasetError, SchemaMismatchError, ExportError, export_store
 from demoforge.storage.lerobot.validate import validate_dataset
 from demoforge.storage.store import open_store
-from helpers import decode_frames, demoforge_argv, kill_at_step, psnr, run_cli
+from helpers import decode_frames, demoforge_argv, kill_at_step, psnr, read_row, run_cli
 
 pytestmark = pytest.mark.slow
 OPTIONS = {"steps": 24, "size": 48}
@@ -44,7 +44,7 @@ def staged_rows(store):
     with open_store(store) as view:
         _fingerprint, staging = view.require_job()
         rows = view.catalog.attempts(("committed", "exported"))
-        return [(r, staging.read_episode(r.episode_id, r.frames, r.video_bytes)) for r in rows]
+        return [(r, read_row(staging, r)) for r in rows]
 
 
 @pytest.mark.parametrize("backend", ["pyav", "torchcodec"])

@@ -119,7 +119,7 @@ def test_stats_lerobot_would_refuse_are_refused_by_name():
     with pytest.raises(StatsShapeError, match="'count' of 'x'"):
         aggregate_stats([{"x": {**good, "count": np.array([[4]])}}])
     with pytest.raises(StatsShapeError, match="'mean' of 'x'"):
-        aggregate_stats([{"x": {**good, "mean": np.float32(1.0)}}])
+        aggregate_stats([{"x": {**good, "mean": np.float32(1.0)}}])  # type: ignore[dict-item]  # a scalar on purpose
 
 
 def test_an_export_process_imports_neither_lerobot_nor_torch(tmp_path: Path):

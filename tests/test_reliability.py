@@ -16,8 +16,11 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import gymnasium as gym
 import pytest
 
 import toy_tasks  # noqa: F401
@@ -50,13 +53,14 @@ def snapshot(root: Path, allow: tuple[Path, ...] = ()) -> dict[str, str]:
 
 
 def refused(cwd: Path, *args: str, code: int = 2, match: str = "", watch: Path | None = None,
-            allow: tuple[Path, ...] = (), short: bool = False, **env: str) -> subprocess.CompletedProcess[str]:
+            allow: tuple[Path, ...] = (), short: bool = False,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the CLI in ``cwd``; assert the exit code, the message and no traceback, and that nothing changed
     under ``watch`` (default ``cwd``) except inside ``allow`` (a store the command may legitimately open).
     ``short``: the message must not repeat a hostile name at full length."""
     watch = watch or cwd
     before = snapshot(watch, allow)
-    result = subprocess.run(demoforge_argv(*args), env=cli_env(**env), capture_output=True, text=True, timeout=300,
+    result = subprocess.run(demoforge_argv(*args), env=cli_env(**(env or {})), capture_output=True, text=True, timeout=300,
                             stdin=subprocess.DEVNULL, cwd=cwd)
     output = result.stdout + result.stderr
     assert result.returncode == code, output[-2000:]
@@ -162,10 +166,15 @@ def test_safe_names_pass(name):
 
 
 def test_a_task_declaring_an_unsafe_camera_is_refused_before_anything_is_built(tmp_path):
-    built = []
+    built: list[Mapping[str, Any]] = []
+
+    def make_env(options: Mapping[str, Any]) -> gym.Env:
+        built.append(options)
+        raise AssertionError("a task refused by its description must not be built")
+
     entry = TaskEntry(name="toy-evil-api", defaults={}, describe=lambda o: info(name="toy-evil-api",
                                                                                cameras=(CameraSpec("../x", 8, 8),)),
-                      make_env=lambda o: built.append(o))
+                      make_env=make_env)
     with pytest.raises(TaskDefinitionError, match=r"task 'toy-evil-api': camera name '\.\./x'"):
         entry.info()
     with pytest.raises(TaskDefinitionError):
@@ -195,11 +204,11 @@ def test_registered_task_with_camera_dot_dot_is_refused_by_the_cli(tmp_path, wor
            "PYTHONPATH": os.pathsep.join([str(TESTS), str(plugins)])}
     watched = work.parent.parent
     refused(work, "generate", "--task", "toy-evil", "--episodes", "1", "--codec", "h264", "--store", "store",
-            match="camera name '../x' is not allowed", watch=watched, **env)
-    refused(work, "run", "--task", "toy-evil", "--episodes", "1", match="camera name '../x'", watch=watched, **env)
+            match="camera name '../x' is not allowed", watch=watched, env=env)
+    refused(work, "run", "--task", "toy-evil", "--episodes", "1", match="camera name '../x'", watch=watched, env=env)
     job = work / "job.toml"
     job.write_text('[job]\ntask = "toy-evil"\nepisodes = 1\n[store]\ndir = "store"\n[metrics]\naddress = "off"\n')
-    refused(work, "daemon", "--config", str(job), match="camera name '../x'", watch=watched, **env)
+    refused(work, "daemon", "--config", str(job), match="camera name '../x'", watch=watched, env=env)
 
 
 # ------------------------------------------------------------------------------------- generate

@@ -16,7 +16,7 @@ import pytest
 from demoforge.pipeline.replay_run import ReplayInputError, parse_episode_spec, sample_episodes
 from demoforge.storage.episode_source import EpisodeRef
 from demoforge.storage.provenance import library_versions
-from helpers import cli_env, demoforge_argv, run_cli
+from helpers import cli_env, demoforge_argv, read_row, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -202,7 +202,7 @@ def test_an_altered_state_frame_that_verify_accepts_diverges_at_that_frame(fetch
 
     name = array_path("state/observation.state", STAGING_FORMAT)  # staging format 2: state.observation.state
     array = zarr.open_array(str(store / "staging.zarr" / "episodes" / episode_id / name), mode="r+")
-    array[frame, element] = array[frame, element] + np.float32(0.01)  # zarr rewrites the shard and its crc32cs
+    array[frame, element] = np.asarray(array[frame, element], np.float32) + np.float32(0.01)  # zarr rewrites the shard and its crc32cs
     # Recompute the statistics stored with the episode and the content hash the catalog keeps, so nothing but
     # a replay can tell.
     db = sqlite3.connect(store / "catalog.sqlite")
@@ -243,7 +243,7 @@ def staged_episode(store, episode_id):
     with open_store(store) as view:
         fingerprint, staging = view.require_job()
         row = next(r for r in view.catalog.committed() if r.episode_id == episode_id)
-        return fingerprint, staging.read_episode(episode_id, row.frames, row.video_bytes)
+        return fingerprint, read_row(staging, row)
 
 
 def test_images_catch_a_video_of_another_episode(fetch_store, tmp_path):

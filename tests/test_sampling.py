@@ -332,6 +332,7 @@ def test_online_sampler_reads_committed_frames_never_blocks_and_drops_quarantine
         assert frames.shape == (2, 6, 16, 16, 3) and frames.dtype == np.uint8
         # A reader in the middle of a read transaction (as inside refresh) never blocks the writer (WAL): the
         # write commits at once (a blocked writer would wait for the 30 s busy timeout, then fail).
+        assert sampler.store is not None
         reader = sampler.store.catalog
         with reader.snapshot():
             assert reader.count(AttemptState.QUARANTINED) == 0
@@ -436,10 +437,12 @@ def test_online_windows_come_with_the_labels_the_offline_sampler_gives(exported)
         windows = sampler.sample(40)
         labels = sampler.labels(windows)
         frames = sampler.read_windows(windows)
+        assert sampler.store is not None
         records = {r.episode_id: r for r in sampler.store.catalog.committed()}
     assert labels["segment_id"].tolist() == frames["annotation.segment_id"].tolist()
     for w, window in enumerate(windows):
         row = records[window.episode_id]
+        assert row.frames is not None and row.record is not None
         np.testing.assert_allclose(labels["episode_progress"][w],
                                    frames["annotation.episode_step"][w] / (row.frames - 1), rtol=1e-6)
         lengths = {s["segment_id"]: s["end_step"] - s["start_step"] for s in row.record["segments"]}

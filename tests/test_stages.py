@@ -31,6 +31,7 @@ from demoforge.stages.records import (
     EpisodeAbandoned,
     EpisodeAssignment,
     Frame,
+    Record,
     StagedAttempt,
     VideoTail,
 )
@@ -394,7 +395,7 @@ async def test_encode_refuses_a_frame_with_undeclared_cameras():
 
 async def test_encode_waits_for_its_consumer_and_can_be_cancelled_mid_attempt():
     records = toy_records(1)
-    in_send, in_recv = anyio.create_memory_object_stream(len(records))
+    in_send, in_recv = anyio.create_memory_object_stream[Record](len(records))
     out_send, out_recv = anyio.create_memory_object_stream[object](0)
     for record in records:
         in_send.send_nowait(record)
@@ -503,6 +504,7 @@ async def test_write_stages_committable_attempts_and_passes_discarded_ones_throu
         staged = [r for r in out if isinstance(r, StagedAttempt)]
         assert [(s.ended.key.episode_index, s.ended.result.committable) for s in staged] == \
             [(0, True), (1, True), (10, False)]
+        assert store.staging is not None
         for item in staged[:2]:
             assert item.content_hash and item.video_bytes["cam"] > 0
             episode = store.staging.read_episode(item.ended.key.episode_id, item.ended.frames, item.video_bytes)
@@ -558,6 +560,7 @@ async def test_write_keeps_taking_records_while_its_io_is_slow_up_to_its_io_queu
                 release.set()
                 out = await drain(out_recv)
         assert [s.ended.key.episode_index for s in out] == [0, 1, 2]
+        assert store.staging is not None
         for item in out:
             episode = store.staging.read_episode(item.ended.key.episode_id, item.ended.frames, item.video_bytes)
             assert episode.content_hash() == item.content_hash
@@ -601,7 +604,7 @@ async def test_commit_stops_at_end_of_stream_and_on_cancellation_without_committ
     try:
         staged = await run_write(store, await run_encode(toy_records(1)))
         planner = EpisodePlanner(5, NOTHING, max_attempts=3)
-        send, receive = anyio.create_memory_object_stream[object](10)
+        send, receive = anyio.create_memory_object_stream[StagedAttempt | EpisodeAbandoned](10)
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: commit_stage(receive, store=store,

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import toy_tasks  # noqa: F401
+from helpers import read_row
 from demoforge.pipeline.job import JobSpec, VideoSettings
 from demoforge.pipeline.runner import run_job
 from demoforge.storage.catalog import Catalog
@@ -49,18 +50,20 @@ def test_a_reader_refuses_every_write_and_changes_nothing(store):
         assert view.read_only and view.fingerprint == SPEC.fingerprint()
         rows = view.catalog.committed()
         assert [r.state for r in rows] == [AttemptState.COMMITTED] * 2
+        staging = view.staging
+        assert staging is not None
         writes = [lambda: view.catalog.quarantine(rows[0].episode_id, "x"),
                   lambda: view.catalog.mark_exported({rows[0].episode_id: 0}),
                   lambda: view.catalog.begin_attempt(9, 0, "ep00000009-a00", 1),
                   lambda: view.catalog.bind_job(SPEC.fingerprint()),
                   lambda: view.catalog.log_recovery("x", "y"),
-                  lambda: view.staging.delete_episode(rows[0].episode_id),
-                  lambda: view.staging.open_episode("ep00000009-a00")]
+                  lambda: staging.delete_episode(rows[0].episode_id),
+                  lambda: staging.open_episode("ep00000009-a00")]
         for write in writes:
             with pytest.raises(ReadOnlyError, match=f"cannot .* {store}.* is open read-only") as info:
                 write()
             assert isinstance(info.value, StoreError)
-        assert view.staging.read_episode(rows[0].episode_id, rows[0].frames, rows[0].video_bytes).action.shape[0] == 12
+        assert read_row(staging, rows[0]).action.shape[0] == 12
     assert digest(store / CATALOG_FILE) == before
     assert [r.state for r in open_store(store, "r+").catalog.committed()] == [AttemptState.COMMITTED] * 2
 

@@ -77,7 +77,7 @@ def test_task_info_matches_the_frames(aloha):
     assert {k: v.shape for k, v in frame.state.items()} == dict(info.state_shapes) == {"observation.state": (14,)}
     assert frame.state["observation.state"].dtype == np.float32
     assert frame.action.shape == info.action_shape == (14,)
-    assert info.segment_names == SEGMENTS and info.fps == 50 and len(info.action_names) == 14
+    assert info.segment_names == SEGMENTS and info.fps == 50 and info.action_names is not None and len(info.action_names) == 14
 
 
 def test_only_the_top_camera_is_rendered_by_one_kept_camera(aloha, monkeypatch) -> None:

@@ -35,7 +35,7 @@ from demoforge.storage.catalog import Catalog
 from demoforge.storage.lerobot.export import export_store
 from demoforge.storage.viewer.server import ViewerServer
 from demoforge.storage.viewer.source import open_source
-from helpers import REPO, cli_env, demoforge_argv, run_cli
+from helpers import REPO, cli_env, demoforge_argv, read_row, run_cli
 
 pytestmark = pytest.mark.slow
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -386,7 +386,7 @@ def test_store_shows_the_error_text_of_a_failed_attempt(tmp_path, browser):
         assert "RuntimeError: gripper servo 3 overheated" in text
         assert browser.find_element(By.ID, "error-box").is_displayed()
         assert f"discarded because: {entry.reason}" in browser.find_element(By.ID, "notice").text
-        assert "gripper servo 3 overheated" in entry.reason
+        assert entry.reason is not None and "gripper servo 3 overheated" in entry.reason
         assert [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#episodes tbody td")][3] == "error"
     finally:
         server.close()
@@ -485,7 +485,7 @@ def depth_fetch(tmp_path_factory):
     with open_store(store) as view:
         fingerprint, staging = view.require_job()
         for row in view.catalog.committed():
-            staged = staging.read_episode(row.episode_id, row.frames, row.video_bytes)
+            staged = read_row(staging, row)
             codes[row.dataset_index] = np.stack(list(depth_video.iter_codes(staged.video["front_depth"])))
             ids[row.dataset_index] = row.episode_id
     version = dataset.resolve()
