@@ -29,8 +29,8 @@ from demoforge.storage.scheduling import reset_process_priority, set_process_cla
 
 
 class EncoderPriority:
-    """``--encoder-priority idle``: the encoding threads (the lanes, SVT-AV1's, OpenBLAS's) in the SCHED_IDLE
-    class, so the simulator gets the cores first; raised to normal while the worker waits for a result and put back
+    """The encoder process's idle priority (``--encoder-priority auto``, the default, or ``idle``): the encoding
+    threads (the lanes, SVT-AV1's, OpenBLAS's) in the SCHED_IDLE class, so the simulator gets the cores first; raised to normal while the worker waits for a result and put back
     once every job it submitted has its result, so other programs that keep the cores busy can slow the job, never
     starve it. The threads in ``spare`` (this process's main thread, which reads the worker's messages, and the
     result sender) stay normal: they barely compute, and a hurry must be read at once."""
