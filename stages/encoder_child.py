@@ -118,18 +118,16 @@ def serve(conn: Connection, memfd: int) -> None:
                 message = conn.recv()
             except (EOFError, OSError):
                 break  # the parent is gone
+            if priority is not None and message[0] in ("frame", "end"):
+                priority.submitted()  # before the job reaches the lanes: its result cannot come back first
             if message[0] == "frame":
                 _, key, slot = message
                 base = slot * slot_bytes
-                if priority is not None:
-                    priority.submitted()
                 lanes.submit_frame(key, {c.name: np.ndarray(c.shape, layout[c.name][1], buffer=buffer,
                                                              offset=base + layout[c.name][0]) for c in cameras})
                 jobs.put(True)
             elif message[0] == "end":
                 _, key, keep = message
-                if priority is not None:
-                    priority.submitted()
                 lanes.submit_end(key, keep)
                 jobs.put(True)
             elif message[0] == "hurry":
