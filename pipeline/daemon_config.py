@@ -54,8 +54,8 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
                                        "--keep-failures); periodic exports take the job's episodes only"),
             "encoder_process": ((bool, str), "each worker's encoders run in a process of their own: true, false "
                                               "or \"auto\" (generate --encoder-process)"),
-            "encoder_priority": ((str,), "\"normal\" or \"idle\": the encoder process at idle priority "
-                                         "(generate --encoder-priority)")},
+            "encoder_priority": ((str,), "\"auto\", \"normal\" or \"idle\": the encoder process's encoders at "
+                                         "idle priority (generate --encoder-priority)")},
     "ray": {"address": ((str,), "HOST:PORT or \"auto\" of a running Ray cluster (default: start a local Ray)"),
             "num_workers": ((int,), "Ray actors (default: job.workers)"),
             "cpus_per_worker": ((int, float), "CPUs each actor reserves"),

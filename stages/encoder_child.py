@@ -30,24 +30,21 @@ from demoforge.storage.scheduling import reset_process_priority, set_process_cla
 
 class EncoderPriority:
     """The encoder process's idle priority (``--encoder-priority auto``, the default, or ``idle``): the encoding
-    threads (the lanes, SVT-AV1's, OpenBLAS's) in the SCHED_IDLE class, so the simulator gets the cores first; raised to normal while the worker waits for a result and put back
-    once every job it submitted has its result, so other programs that keep the cores busy can slow the job, never
-    starve it. The threads in ``spare`` (this process's main thread, which reads the worker's messages, and the
-    result sender) stay normal: they barely compute, and a hurry must be read at once."""
+    threads (the lanes, SVT-AV1's, OpenBLAS's) in the SCHED_IDLE class from construction on, so the simulator gets
+    the cores first; raised to normal while the worker waits for a result and put back once every job it submitted
+    has its result, so other programs that keep the cores busy can slow the job, never starve it. The threads in
+    ``spare`` (this process's main thread, which reads the worker's messages, and the result sender) stay normal:
+    they barely compute, and a hurry must be read at once."""
 
     def __init__(self, spare: set[int]) -> None:
         self._spare = spare
         self._lock = threading.Lock()
-        self._raised = True  # until the first lower()
         self._backlog = 0  # jobs submitted whose result has not gone back
+        self._lower()
 
     def spare(self, tid: int) -> None:
         with self._lock:
             self._spare.add(tid)
-
-    def lower(self) -> None:
-        with self._lock:
-            self._lower()
 
     def _lower(self) -> None:
         set_process_class(os.SCHED_IDLE, self._spare)
@@ -84,9 +81,9 @@ def serve(conn: Connection, memfd: int) -> None:
     lanes = LaneSet({c.name: functools.partial(make_recording_encoder, c, fps, settings, stats_dir=stats_dir)
                      for c in cameras})
     jobs: queue.SimpleQueue[bool] = queue.SimpleQueue()  # one token per job submitted; False: stop
+    # Lowers every thread but this one (OpenBLAS's pool, the lanes); SVT-AV1's threads, started later by a lane,
+    # inherit its class.
     priority = EncoderPriority({threading.get_native_id()}) if idle else None
-    if priority is not None:  # every thread but this one (OpenBLAS's pool, the lanes); SVT-AV1's threads, started
-        priority.lower()  # later by a lane, inherit its class
 
     def send_results() -> None:
         while jobs.get():

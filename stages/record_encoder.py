@@ -34,8 +34,8 @@ class RecordEncoder:
     :meth:`drain` waits for all of them. After an exception inside an attempt, :meth:`reset` drops what is
     pending and starts fresh lanes (the old ones abort their encoders). ``delay_s`` slows each encoded frame
     (the crash tests' ``encode`` stage delay). ``apart``: the lanes run in a process of their own
-    (stages/encoder_process.py), not beside the env (a job without cameras starts none); ``idle``: that process
-    runs at idle priority (EncoderProcess)."""
+    (stages/encoder_process.py), not beside the env (a job without cameras starts none); ``idle``: that process's
+    encoders run at idle priority, raised while this worker waits for them (EncoderProcess)."""
 
     def __init__(self, cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings, *,
                  stats_dir: Path | None = None, lag: int = DEFAULT_ENCODE_LAG, delay_s: float = 0.0,

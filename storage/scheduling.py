@@ -18,7 +18,8 @@ priority it had before (a new thread: the opening thread's). No library setting 
 
 :func:`reset_process_priority` is for processes we start (workers, the export child, Ray actors, the viewer):
 they begin at normal priority whatever their parent's state. :func:`set_process_class` takes the one step below
-normal we take, on request only: an encoder process whose encoders yield every core to the simulator.
+normal we take: the encoder process's encoding threads, which yield every core to the simulator until the worker
+waits for them (stages/encoder_child.py).
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def reset_process_priority() -> int:
 def set_process_class(policy: int, spare: Collection[int] = ()) -> int:
     """Put every thread of this process but those in ``spare`` (thread ids) in ``policy``, one of the normal
     classes (SCHED_OTHER, SCHED_BATCH, SCHED_IDLE; never a real-time one); threads they start afterwards inherit
-    it. How many it moved. For the encoder process at ``--encoder-priority idle`` (stages/encoder_child.py)."""
+    it. How many it moved. For the encoder process's idle priority (stages/encoder_child.py)."""
     if policy in REALTIME_POLICIES:
         raise ValueError(f"real-time scheduling class {policy} refused: nothing demoforge starts runs real-time")
     return sum(_set_schedule(tid, policy, 0) for tid, now in thread_schedules().items()

@@ -129,9 +129,10 @@ def encoder_process_threads(idle: bool) -> tuple[dict[int, int], int, int]:
 
 
 def test_the_idle_encoder_process_runs_its_encoders_at_idle_priority() -> None:
-    """--encoder-priority idle: the lanes and SVT-AV1's threads are SCHED_IDLE, so the simulator's renderer
-    preempts them; the child's main thread (it reads the worker's messages) and its result sender stay normal, as
-    does the env's own thread. By default every thread is SCHED_OTHER."""
+    """Idle priority (the default wherever the encoder process runs): the lanes and SVT-AV1's threads are
+    SCHED_IDLE, so the simulator's renderer preempts them; the child's main thread (it reads the worker's messages)
+    and its result sender stay normal, as does the env's own thread. At normal priority every thread is
+    SCHED_OTHER."""
     idle, pid, ours = encoder_process_threads(idle=True)
     normal_ones = {tid for tid, policy in idle.items() if policy == os.SCHED_OTHER}
     assert len(idle) >= 4, idle  # main, lane, result sender and SVT-AV1's own threads

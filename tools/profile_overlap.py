@@ -3,12 +3,13 @@
 
 Each round runs the task's episodes twice in fresh processes, interleaved: env only (the executor with
 rendering, frames discarded, as ``demoforge run``) and ``run_job`` (the thread executor: encode, stage,
-commit, as ``demoforge generate --encoder-process off``; ``--encoder-process`` adds the same with ``on`` at normal priority, ``--encoder-idle`` with the process's
-encoders at idle priority (the default wherever the process runs), and
-``--apart`` env only with its frames piped to a bare encoder process). Inside each, the env is wrapped to time every ``env.step`` (wall and the
-env thread's own CPU) and the step stage's hand-offs to the event loop are timed, so the difference splits
-into: the simulator itself running slower beside the recorder (``in env.step``), the recorder's work on the
-env thread (``outside step``, of which ``hand-offs``), and the rest::
+commit, as ``demoforge generate --encoder-process off``; ``--encoder-process`` adds the same with ``on`` at
+normal priority, ``--encoder-idle`` with the process's encoders at idle priority (the default wherever the
+process runs), and ``--apart`` env only with its frames piped to a bare encoder process). Inside each, the env is
+wrapped to time every ``env.step`` (wall and the env thread's own CPU) and the step stage's hand-offs to the
+event loop are timed, so the difference splits into: the simulator itself running slower beside the recorder
+(``in env.step``), the recorder's work on the env thread (``outside step``, of which ``hand-offs``), and the
+rest::
 
     MUJOCO_GL=egl HF_HUB_OFFLINE=1 .venv/bin/python tools/profile_overlap.py --task aloha-transfer-cube --episodes 2 --rounds 2
 
