@@ -33,10 +33,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import anyio
-import anyio.abc
+if TYPE_CHECKING:
+    import anyio.abc
 
 STDERR_TAIL_LINES = 6
 PARENT_ENV = "DEMOFORGE_EXPORT_PARENT"  # set for the child: the pid it must not outlive
@@ -191,6 +191,8 @@ class _Watch:
 
 
 async def _end(process: anyio.abc.Process, stacks: Path) -> str:
+    import anyio  # here, not at the top: the child (`demoforge export`) and `--help` need none of it
+
     """faulthandler's stacks (SIGUSR1), then SIGKILL; returns the stacks written."""
     try:
         process.send_signal(signal.SIGUSR1)
@@ -218,6 +220,8 @@ async def export_in_child(store: Path, out: Path, repo_id: str | None = None, *,
     ``capture_output``: keep the child's stdout and stderr (their tail explains a failure); otherwise they
     are this process's (``generate --export`` shows the child's own output). A cancelled wait (the daemon
     stopping) kills the child; an export killed midway publishes nothing."""
+    import anyio
+
     read_fd, write_fd = os.pipe()
     stacks_fd, stacks_name = tempfile.mkstemp(prefix="export-stacks-", suffix=".txt", dir=store)
     os.close(stacks_fd)

@@ -2,6 +2,8 @@
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -78,3 +80,12 @@ def test_every_command_and_option_is_documented_with_an_example():
                 assert len(re.findall(r"\bdefault: ", shown_help, re.IGNORECASE)) == 1, (name, action.dest, shown_help)
     shown = run_cli("--help")
     assert shown.returncode == 0 and "example:" in shown.stdout
+
+
+def test_the_command_line_starts_without_an_event_loop_library_or_lerobot():
+    # Every command pays for what `demoforge.pipeline.cli` imports before it parses its arguments (the suite
+    # starts about 400 of them); anyio is imported by the commands that run a pipeline, when they run it.
+    code = ("import sys, demoforge.pipeline.cli; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'anyio', 'torch', 'lerobot', 'pandas'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from demoforge.pipeline.cli.common import add_command
 
 # Imported where used: the daemon (it loads the job runner, zarr and PyAV) and its job-file reader, which
@@ -44,5 +42,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         overrides["log.json"] = True
     config = load_config(args.config, overrides)
     daemon = GenerationDaemon(config, EventLog(config.json_logs))
+    import anyio  # here: `demoforge --help` and the store commands need none of it
+
     return anyio.run(daemon.run)
 

@@ -8,8 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from demoforge.pipeline.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -163,6 +161,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     bar = progress.add_task(f"{spec.task}", total=runner.target, detail="")
     with progress:
         progress.update(bar, completed=0)
+        import anyio  # here: `demoforge --help` and the store commands need none of it
+
         report = anyio.run(lambda: runner.run(handle_signals=True))
     out = make_console()
     out.print(report.recovery.describe())
@@ -215,6 +215,8 @@ def export_after_job(store: Path, out: Path, repo_id: str | None, progress_timeo
                      command: str = "generate") -> int:
     """``generate --export``: the export runs as a watched child process (its memory is returned when it ends;
     one that stops making progress is ended, pipeline/export_child.py). Its own output is shown as it comes."""
+    import anyio  # here: `demoforge --help` and the store commands need none of it
+
     outcome = anyio.run(lambda: export_in_child(store, out, repo_id, progress_timeout_s=progress_timeout_s,
                                                 capture_output=False))
     err = make_console(stderr=True)

@@ -8,8 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from demoforge.pipeline.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
@@ -123,6 +121,8 @@ def cmd_rerender(args: argparse.Namespace) -> int:
                        on_event=lambda line: console.print(line, markup=False, highlight=False))
     bar = progress.add_task(f"rerender {plan.task}", total=spec.episodes, detail="")
     with progress:
+        import anyio  # here: `demoforge --help` and the store commands need none of it
+
         report = anyio.run(lambda: runner.run(handle_signals=True))
     out = make_console()
     out.print(f"rerendered {report.committed_total}/{spec.episodes} episodes ({plan.sources} source episode(s) x "
