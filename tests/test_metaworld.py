@@ -205,16 +205,16 @@ def test_a_suite_job_commits_each_task_resumes_and_exports_one_task_index_per_ta
 def test_a_task_whose_expert_never_succeeds_is_given_up_and_the_suite_goes_on(tmp_path) -> None:
     store = tmp_path / "very-hard"
     done = run_cli("generate", "--task", "metaworld-very-hard", "--episodes", "1", "--option", "camera=none",
-                   "--option", "max_steps=3", "--max-attempts", "1", "--max-consecutive-abandoned", "2",
+                   "--option", "max_steps=3", "--max-attempts", "1", "--max-consecutive-abandoned", "1",
                    "--store", str(store))
     members = mw.suite_members("very-hard")
     assert done.returncode == 1, done.stderr
     assert f"gave up {len(members)} task(s) of the suite" in done.stderr and "Traceback" not in done.stderr
     for env_name in members:  # every member was tried after the one before was given up
-        assert f"{mw.PREFIX}{env_name}: 0/1 committed, 2 episode(s) abandoned" in done.stdout
+        assert f"{mw.PREFIX}{env_name}: 0/1 committed, 1 episode(s) abandoned" in done.stdout
     with sqlite3.connect(store / "catalog.sqlite") as db:
         reasons = Counter(r for (r,) in db.execute("SELECT terminal_reason FROM attempts"))
-    assert reasons == {"truncated": 2 * len(members)}
+    assert reasons == {"truncated": len(members)}  # one attempt each (a Meta-World reset costs about a second)
 
 
 # ------------------------------------------------------------------------------------- a rendered store
