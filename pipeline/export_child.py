@@ -191,9 +191,9 @@ class _Watch:
 
 
 async def _end(process: anyio.abc.Process, stacks: Path) -> str:
+    """faulthandler's stacks (SIGUSR1), then SIGKILL; returns the stacks written."""
     import anyio  # here, not at the top: the child (`demoforge export`) and `--help` need none of it
 
-    """faulthandler's stacks (SIGUSR1), then SIGKILL; returns the stacks written."""
     try:
         process.send_signal(signal.SIGUSR1)
     except ProcessLookupError:

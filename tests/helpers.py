@@ -46,6 +46,14 @@ def run_cli(*args: str, timeout: float = 300, **extra_env: str) -> subprocess.Co
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+def packages_imported_by(module: str, packages: set[str]) -> list[str]:
+    """Which of ``packages`` importing ``module`` loads, in a fresh interpreter (start-up cost is what it imports)."""
+    code = (f"import json, sys, {module}; "
+            f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(packages)!r}))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
 def attempts_now(store: Path, states: tuple[str, ...] | None = None) -> list:
     """The catalog's attempt rows (of ``states``) at this moment, safe while a job writes the store; empty
     before the job has created its catalog."""

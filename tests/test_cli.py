@@ -2,12 +2,10 @@
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
-from helpers import run_cli
+from helpers import packages_imported_by, run_cli
 
 
 def test_tasks_lists_both_builtin_tasks_with_their_shapes():
@@ -85,7 +83,4 @@ def test_every_command_and_option_is_documented_with_an_example():
 def test_the_command_line_starts_without_an_event_loop_library_or_lerobot():
     # Every command pays for what `demoforge.pipeline.cli` imports before it parses its arguments (the suite
     # starts about 400 of them); anyio is imported by the commands that run a pipeline, when they run it.
-    code = ("import sys, demoforge.pipeline.cli; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'anyio', 'torch', 'lerobot', 'pandas'}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out.stdout
+    assert packages_imported_by("demoforge.pipeline.cli", {"anyio", "torch", "lerobot", "pandas"}) == []

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,7 @@ from demoforge.stages.record_encoder import RecordEncoder
 from demoforge.stages.records import AttemptEnded, EncodedFrame, Frame, VideoTail
 from demoforge.stages.settings import VideoSettings
 from demoforge.storage.write_errors import StorageWriteError
-from helpers import decode_frames
+from helpers import decode_frames, packages_imported_by
 from test_stages import INFO, toy_records
 
 H264 = VideoSettings(codec="h264")
@@ -199,8 +197,5 @@ def test_encoders_run_at_idle_priority_wherever_they_run_apart_unless_told_norma
 
 def test_the_encoder_process_imports_no_event_loop_no_gymnasium_and_no_store():
     # Every worker of every job starts one: what it imports is start-up time (and CPU) taken from the env.
-    code = ("import sys, demoforge.stages.encoder_child; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'anyio', 'asyncio', 'gymnasium', 'zarr', "
-            "'torch', 'lerobot'}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", out.stdout
+    assert packages_imported_by("demoforge.stages.encoder_child",
+                                {"anyio", "asyncio", "gymnasium", "zarr", "torch", "lerobot"}) == []
