@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -35,7 +36,7 @@ def kind(cmdline: list[str], name: str) -> str:
     """A short name for what a process is, so that hundreds of subprocesses sum into a few lines."""
     text = " ".join(cmdline)
     if "demoforge.pipeline.cli" in cmdline or (cmdline and cmdline[0].endswith("/demoforge")):
-        args = text.split("demoforge.pipeline.cli", 1)[-1].split() if "demoforge.pipeline.cli" in text \
+        args = cmdline[cmdline.index("demoforge.pipeline.cli") + 1:] if "demoforge.pipeline.cli" in cmdline \
             else cmdline[1:]
         command = next((a for a in args if not a.startswith("-")), "(no command: --help)")
         return f"demoforge {command}"
@@ -54,14 +55,24 @@ def kind(cmdline: list[str], name: str) -> str:
     return f"other ({name})"
 
 
+@dataclass
+class Usage:
+    """One process's CPU-s: when first seen (0 for one started while sampling) and at the last sample."""
+
+    kind: str
+    first: float
+    last: float
+
+
 class Sampler:
-    """Polls every process's CPU time; keeps, per process, the CPU it used while sampled."""
+    """Polls every process's CPU time; keeps, per process, the CPU it used while sampled.
+
+    Records are per process, not per pid: a pid the kernel hands to a new process after the first one ended
+    starts a record of its own."""
 
     def __init__(self) -> None:
-        self.first: dict[int, float] = {}
-        self.last: dict[int, float] = {}
-        self.kinds: dict[int, str] = {}
-        self.procs: dict[int, psutil.Process] = {}
+        self.records: list[Usage] = []
+        self.live: dict[int, tuple[psutil.Process, Usage]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -86,14 +97,16 @@ class Sampler:
             if pid == me:
                 continue
             try:
-                proc = self.procs.get(pid)
-                if proc is None:
-                    proc = self.procs[pid] = psutil.Process(pid)
-                    self.kinds[pid] = kind(proc.cmdline(), proc.name())
-                    self.first[pid] = sum(proc.cpu_times()[:2]) if initial else 0.0
-                self.last[pid] = sum(proc.cpu_times()[:2])
+                if pid not in self.live:
+                    proc = psutil.Process(pid)
+                    used = sum(proc.cpu_times()[:2])
+                    record = Usage(kind(proc.cmdline(), proc.name()), used if initial else 0.0, used)
+                    self.live[pid] = (proc, record)
+                    self.records.append(record)
+                proc, record = self.live[pid]
+                record.last = sum(proc.cpu_times()[:2])
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                self.procs.pop(pid, None)  # a pid reused later is a new process
+                self.live.pop(pid, None)  # ended: its record keeps the CPU it had used at the last sample
 
     def own_cpu_s(self) -> float:
         """The sampler's own CPU time (it shares the cores with the suite)."""
@@ -102,11 +115,11 @@ class Sampler:
     def by_kind(self) -> tuple[dict[str, float], dict[str, int]]:
         seconds: dict[str, float] = collections.defaultdict(float)
         counts: collections.Counter[str] = collections.Counter()
-        for pid, name in self.kinds.items():
-            used = self.last[pid] - self.first[pid]
+        for record in self.records:
+            used = record.last - record.first
             if used > 0:
-                seconds[name] += used
-                counts[name] += 1
+                seconds[record.kind] += used
+                counts[record.kind] += 1
         return dict(seconds), dict(counts)
 
 
@@ -137,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         sampler.stop()
         after = psutil.cpu_times()
         files = per_file(junit) if junit.exists() else {}
-    busy = sum(getattr(after, f) - getattr(before, f) for f in after._fields if f not in ("idle", "iowait"))
+    # Linux counts guest time inside user and nice; steal is time the host ran something else, not busy here.
+    busy = sum(getattr(after, f) - getattr(before, f) for f in after._fields
+               if f not in ("idle", "iowait", "steal", "guest", "guest_nice"))
     idle = (after.idle - before.idle) + (getattr(after, "iowait", 0.0) - getattr(before, "iowait", 0.0))
     steal = getattr(after, "steal", 0.0) - getattr(before, "steal", 0.0)
     cores = psutil.cpu_count() or 1
