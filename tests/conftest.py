@@ -85,21 +85,22 @@ def ray_token_cluster(tmp_path_factory):
         cluster.close()
 
 
-# Seconds each file took in a suite run on the 2-core machine (per-file sums of `pytest --junitxml`, the mean of two
-# runs on 2026-12-04 17:53-18:29 UTC; `tools/profile_suite.py` prints them), rounded to 5 s.
+# Seconds each file took in a suite run on the 2-core machine (per-file sums of `pytest --junitxml`, the run of
+# 2026-12-04 21:23 UTC with the CLI's commands forked by tests/helpers.py run_cli; `tools/profile_suite.py` prints
+# them), rounded to 5 s.
 # pytest-xdist's `--dist loadfile` hands a worker the next file of the collection order when it is free;
 # with the heaviest files first (`--no-loadscope-reorder` keeps our order) the two workers end together
 # instead of one running a 2-minute file alone at the end. Files not listed count as small.
 FILE_SECONDS = {
-    "test_scale_out.py": 125, "test_metaworld.py": 120, "test_replay.py": 110, "test_rerender.py": 110,
-    "test_policy_loop.py": 105, "test_task_so101.py": 75, "test_viewer.py": 75, "test_export.py": 70,
-    "test_reliability.py": 60, "test_recorder.py": 50, "test_export_watchdog.py": 45, "test_repair.py": 45,
-    "test_daemon.py": 45, "test_edit_crash.py": 45, "test_task_aloha_insertion.py": 40, "test_docs.py": 40,
-    "test_plugins.py": 35, "test_export_child.py": 35, "test_prune.py": 35, "test_task_aloha.py": 35,
-    "test_task_fetch.py": 35, "test_scheduling.py": 30, "test_depth.py": 30, "test_kept_failures.py": 25,
-    "test_randomization.py": 25, "test_subtask_labels.py": 25, "test_multi_store.py": 25, "test_instructions.py": 15,
-    "test_sampling.py": 15, "test_full_disk.py": 15, "test_edit.py": 15, "test_pipeline.py": 15,
-    "test_export_stats.py": 15, "test_staging_format.py": 15,
+    "test_scale_out.py": 110, "test_metaworld.py": 75, "test_rerender.py": 70, "test_replay.py": 65,
+    "test_task_so101.py": 60, "test_reliability.py": 50, "test_viewer.py": 45, "test_export.py": 45,
+    "test_export_watchdog.py": 40, "test_edit_crash.py": 40, "test_policy_loop.py": 40, "test_daemon.py": 40,
+    "test_recorder.py": 40, "test_docs.py": 35, "test_task_aloha.py": 30, "test_task_aloha_insertion.py": 30,
+    "test_scheduling.py": 25, "test_export_child.py": 25, "test_task_fetch.py": 25, "test_depth.py": 25,
+    "test_sampling.py": 15, "test_subtask_labels.py": 15, "test_prune.py": 15, "test_randomization.py": 10,
+    "test_edit.py": 10, "test_multi_store.py": 10, "test_plugins.py": 10, "test_pipeline.py": 10,
+    "test_crash.py": 10, "test_instructions.py": 10, "test_kept_failures.py": 10, "test_full_disk.py": 10,
+    "test_export_stats.py": 10,
 }
 
 

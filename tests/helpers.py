@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
+import multiprocessing
+import multiprocessing.context
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,9 +46,89 @@ def demoforge_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "demoforge.pipeline.cli", *args]
 
 
-def run_cli(*args: str, timeout: float = 300, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(demoforge_argv(*args), env=cli_env(**extra_env), capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+#: What the server that forks :func:`run_cli`'s processes imports once: the CLI, the libraries most commands load,
+#: and LeRobot's dataset module (about 10 CPU-s with torch, paid by every ``validate``, ``repair``, ``eval`` and
+#: ``--driver`` command). None of them reads the environment on import but MuJoCo (``MUJOCO_GL``, which the tests
+#: set before the server starts). A module that fails to import is skipped by the server and imported by the
+#: command itself, as it would be anyway.
+CLI_PRELOAD = ["demoforge.pipeline.cli", "demoforge.pipeline.cli.generate", "demoforge.pipeline.cli.export",
+               "demoforge.pipeline.cli.replay", "demoforge.pipeline.cli.store", "demoforge.pipeline.runner",
+               "demoforge.storage.lerobot.export", "zarr", "av", "pandas", "mujoco", "gymnasium", "metaworld",
+               "gymnasium_robotics", "lerobot.datasets.lerobot_dataset"]
+_forks: multiprocessing.context.ForkServerContext | None = None
+#: ``fresh``: :func:`run_cli` starts a fresh interpreter per command (what the suite did before the fork server).
+FRESH_CLI_ENV = "DEMOFORGE_TESTS_CLI"
+
+
+def run_cli(*args: str, timeout: float = 300, fresh: bool = False, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``demoforge ARGS`` in a process of its own, as ``subprocess.run`` would (exit status, stdout, stderr,
+    no stdin), but forked from a server that has imported the CLI once (:data:`CLI_PRELOAD`).
+
+    A command started from a fresh interpreter spends 1-1.7 CPU-s importing before it does anything, and the
+    suite runs hundreds of them; the forked process runs the same ``main`` with the same argument list,
+    environment and working directory. Tests about the process itself (kills, signals, start-up imports) start a
+    fresh interpreter with :func:`demoforge_argv`, and so does ``fresh=True`` (what a command prints while it
+    starts, such as a library's import-time notice, is seen only there); ``DEMOFORGE_TESTS_CLI=fresh`` makes every
+    command do so."""
+    if fresh or os.environ.get(FRESH_CLI_ENV) == "fresh":
+        return subprocess.run(demoforge_argv(*args), env=cli_env(**extra_env), capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    global _forks
+    if _forks is None:
+        _forks = multiprocessing.get_context("forkserver")
+        _forks.set_forkserver_preload(CLI_PRELOAD)
+    argv = demoforge_argv(*args)
+    with tempfile.TemporaryDirectory(prefix="demoforge-cli-") as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        out.touch()
+        err.touch()
+        process = _forks.Process(target=_forked_cli, args=(list(args), cli_env(**extra_env), os.getcwd(), out, err))
+        process.start()
+        process.join(timeout)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired(argv, timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(argv, process.exitcode, out.read_text(), err.read_text())
+
+
+def _forked_cli(args: list[str], env: dict[str, str], cwd: str, out: Path, err: Path) -> None:
+    """The forked process: become what ``python -m demoforge.pipeline.cli ARGS`` would be, run it, and end as
+    the interpreter would (non-daemon threads joined, ``atexit`` run, streams flushed, the exit status)."""
+    os.environ.clear()
+    os.environ.update(env)
+    for entry in reversed(env.get("PYTHONPATH", "").split(os.pathsep)):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
+    os.chdir(cwd)
+    for fd, path in ((0, os.devnull), (1, out), (2, err)):
+        opened = os.open(path, os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.stdin = open(0, closefd=False)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True, errors="backslashreplace")
+    sys.argv = [str(REPO / "pipeline" / "cli" / "__main__.py"), *args]
+    from demoforge.pipeline.cli import main
+
+    status: str | int | None
+    try:
+        status = main(args)
+    except SystemExit as exit_:
+        status = exit_.code
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        status = 1
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    if status is not None and not isinstance(status, int):
+        print(status, file=sys.stderr)
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status or 0)
 
 
 def packages_imported_by(module: str, packages: set[str]) -> list[str]:

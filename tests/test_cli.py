@@ -31,12 +31,25 @@ def test_tasks_lists_both_builtin_tasks_with_their_shapes():
 @pytest.mark.slow
 def test_run_prints_each_episodes_segments():
     result = run_cli("run", "--task", "fetch-pick-place", "--episodes", "2", "--option", "cycles=1",
-                     "--option", "image_size=64")
+                     "--option", "image_size=64", fresh=True)  # a fresh interpreter: its imports print here
     assert result.returncode == 0, result.stderr
     assert "reach_0[" in result.stdout and "release_0[" in result.stdout
     assert "committable=2" in result.stdout
     # gymnasium-robotics' import-time notice about its Adroit envs (none of which a task uses) is not shown.
     assert "Adroit" not in result.stderr and "Adroit" not in result.stdout, result.stderr
+
+
+def test_a_command_forked_by_the_tests_answers_as_one_started_afresh(tmp_path, monkeypatch):
+    # run_cli forks commands from a server that has imported the CLI (tests/helpers.py): the same exit status,
+    # output, working directory and environment as a fresh interpreter, for a success and for a refusal.
+    for args in (("tasks",), ("status", "--store", "not-here"), ("run", "--task", "no-such-task")):
+        forked, fresh = run_cli(*args, COLUMNS="123"), run_cli(*args, COLUMNS="123", fresh=True)
+        assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert forked.returncode == 2 and "unknown task 'no-such-task'" in forked.stderr
+    assert run_cli("tasks", COLUMNS="60").stdout != run_cli("tasks", COLUMNS="123").stdout  # the environment reached it
+    monkeypatch.chdir(tmp_path)  # after the server started elsewhere
+    done = run_cli("generate", "--task", "toy-point", "--episodes", "1", "--store", "relative")
+    assert done.returncode == 0 and (tmp_path / "relative" / "catalog.sqlite").exists(), done.stderr  # and the cwd
 
 
 def test_unknown_task_and_bad_option_are_clear_errors():

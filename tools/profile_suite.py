@@ -40,6 +40,8 @@ def kind(cmdline: list[str], name: str) -> str:
             else cmdline[1:]
         command = next((a for a in args if not a.startswith("-")), "(no command: --help)")
         return f"demoforge {command}"
+    if "multiprocessing.forkserver" in text:  # tests/helpers.py run_cli forks the CLI's commands from this server
+        return "demoforge commands forked by the tests (run_cli)"
     if "xdist" in text or "pytest" in text or "exec(eval(sys.stdin.readline()))" in text:  # execnet's workers
         return "pytest (workers and controller)"
     if "process_main" in text or "spawn_main" in text or "encoder_child" in text or "export_child" in text:
