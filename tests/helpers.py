@@ -60,7 +60,8 @@ _forks: multiprocessing.context.ForkServerContext | None = None
 FRESH_CLI_ENV = "DEMOFORGE_TESTS_CLI"
 
 
-def run_cli(*args: str, timeout: float = 300, fresh: bool = False, **extra_env: str) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, timeout: float = 300, fresh: bool = False,
+            **extra_env: str) -> subprocess.CompletedProcess[str]:
     """Run ``demoforge ARGS`` in a process of its own, as ``subprocess.run`` would (exit status, stdout, stderr,
     no stdin), but forked from a server that has imported the CLI once (:data:`CLI_PRELOAD`).
 
