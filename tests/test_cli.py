@@ -42,11 +42,14 @@ def test_run_prints_each_episodes_segments():
 def test_a_command_forked_by_the_tests_answers_as_one_started_afresh(tmp_path, monkeypatch):
     # run_cli forks commands from a server that has imported the CLI (tests/helpers.py): the same exit status,
     # output, working directory and environment as a fresh interpreter, for a success and for a refusal.
+    forked = {}
     for args in (("tasks",), ("status", "--store", "not-here"), ("run", "--task", "no-such-task")):
-        forked, fresh = run_cli(*args, COLUMNS="123"), run_cli(*args, COLUMNS="123", fresh=True)
-        assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
-    assert forked.returncode == 2 and "unknown task 'no-such-task'" in forked.stderr
-    assert run_cli("tasks", COLUMNS="60").stdout != run_cli("tasks", COLUMNS="123").stdout  # the environment reached it
+        forked[args], fresh = run_cli(*args, COLUMNS="123"), run_cli(*args, COLUMNS="123", fresh=True)
+        assert (forked[args].returncode, forked[args].stdout, forked[args].stderr) == \
+            (fresh.returncode, fresh.stdout, fresh.stderr)
+    unknown = forked[("run", "--task", "no-such-task")]
+    assert unknown.returncode == 2 and "unknown task 'no-such-task'" in unknown.stderr
+    assert run_cli("tasks", COLUMNS="60").stdout != forked[("tasks",)].stdout  # the environment reached it
     monkeypatch.chdir(tmp_path)  # after the server started elsewhere
     done = run_cli("generate", "--task", "toy-point", "--episodes", "1", "--store", "relative")
     assert done.returncode == 0 and (tmp_path / "relative" / "catalog.sqlite").exists(), done.stderr  # and the cwd
