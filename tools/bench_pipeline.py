@@ -359,9 +359,12 @@ register(TaskEntry(name=POOL_TASK, defaults={"frames": 150}, describe=_pool_info
                    make_env=lambda o: PoolEnv(o)))
 
 
-def bench_demoforge_recorder(episodes: int, frames: int, settings: VideoSettings, store: Path) -> dict[str, Any]:
-    """demoforge's recording stages (encode -> write -> commit) behind an env that costs nothing."""
-    spec = JobSpec(task=POOL_TASK, episodes=episodes, task_options={"frames": frames}, seed=SEED, video=settings)
+def bench_demoforge_recorder(episodes: int, frames: int, settings: VideoSettings, store: Path,
+                             encoder_process: bool | None = None) -> dict[str, Any]:
+    """demoforge's recording stages (encode -> write -> commit) behind an env that costs nothing; the encoders
+    where the job's default puts them (``encoder_process`` None) or as told."""
+    spec = JobSpec(task=POOL_TASK, episodes=episodes, task_options={"frames": frames}, seed=SEED, video=settings,
+                   encoder_process=encoder_process)
     report = run_job(spec, store)
     if not report.complete:
         raise RuntimeError(f"demoforge run incomplete: {report}")

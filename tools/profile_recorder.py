@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import resource
 import sys
 import tempfile
 import threading
@@ -30,9 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # (label, module, attribute path): functions whose own thread's CPU time is summed per call.
 TIMED: list[tuple[str, str, str]] = [
-    ("encode: CameraEncoder.encode (calling thread)", "demoforge.stages.encode", "CameraEncoder.encode"),
-    ("encode: open encoders", "demoforge.stages.encode", "CameraEncoder.__init__"),
-    ("encode: CameraEncoder.finish", "demoforge.stages.encode", "CameraEncoder.finish"),
+    ("encode: CameraEncoder.encode (calling thread)", "demoforge.stages.camera_encoder", "CameraEncoder.encode"),
+    ("encode: open encoders", "demoforge.stages.camera_encoder", "CameraEncoder.__init__"),
+    ("encode: CameraEncoder.finish", "demoforge.stages.camera_encoder", "CameraEncoder.finish"),
+    ("statistics: keep each frame's sample (SampledFrames.add)", "demoforge.storage.sampled_frames", "SampledFrames.add"),
+    ("statistics: the sums at each attempt's end", "demoforge.storage.sampled_frames", "SampledFrames.statistics"),
     ("write: open attempt (zarr arrays) (the write path before its I/O task)", "demoforge.storage.staging", "StagingStore.open_episode"),
     ("write: create the attempt's arrays", "demoforge.storage.staging", "EpisodeWriter.create"),
     ("write: chunk writes", "demoforge.storage.staging", "EpisodeWriter.write"),
@@ -43,7 +46,7 @@ TIMED: list[tuple[str, str, str]] = [
     ("write: tail chunks to zarr (the write path before its I/O task)", "demoforge.storage.staging", "EpisodeWriter.flush_all"),
     ("commit: fsync episode", "demoforge.storage.staging", "StagingStore.make_durable"),
     ("commit: catalog commit", "demoforge.storage.catalog", "Catalog.commit"),
-    ("job: open store", "demoforge.storage.store", "open_store"),
+    ("job: open the store", "demoforge.storage.store", "Store.__init__"),
 ]
 
 
@@ -57,8 +60,8 @@ def instrument() -> dict[str, list[float]]:
         owner_name, name = attr.split(".")
         owner = getattr(importlib.import_module(module), owner_name)
         fn = getattr(owner, name, None)
-        if fn is None:  # a function this version does not have
-            continue
+        if fn is None:
+            raise SystemExit(f"profile_recorder: {module}.{attr} is gone; update TIMED to the code")
         cell = table.setdefault(label, [0.0, 0])
 
         def wrapped(*a, _fn=fn, _cell=cell, **k):
@@ -121,6 +124,12 @@ class ThreadCPU:
         return dict(sorted(out.items(), key=lambda item: -item[1]))
 
 
+def process_and_children_cpu() -> float:
+    """CPU seconds of this process and its reaped children (a job's encoder process ends with the job)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -129,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=3, help="episodes per run (default 3)")
     p.add_argument("--frames", type=int, default=120, help="frames per episode (default 120)")
     p.add_argument("--runs", type=int, default=2, help="runs, each on a fresh store (default 2)")
+    p.add_argument("--encoder-process", choices=("auto", "on", "off"), default="auto",
+                   help="where the encoders run: the job's default (auto: a process of their own at this size), "
+                        "in a process of their own (on) or beside the env (off); the process's CPU is counted in "
+                        "the total, not in the by-thread and by-function rows (default auto)")
     args = p.parse_args(argv)
+    encoder_process = {"auto": None, "on": True, "off": False}[args.encoder_process]
     import bench_pipeline as bench
     from demoforge.pipeline.job import VideoSettings
 
@@ -142,16 +156,18 @@ def main(argv: list[str] | None = None) -> int:
     frames = 0
     with tempfile.TemporaryDirectory(prefix="profile-recorder-") as tmp, ThreadCPU() as threads:
         for run in range(args.runs):
-            c0 = time.process_time()
-            r = bench.bench_demoforge_recorder(args.episodes, args.frames, settings, Path(tmp) / f"s{run}")
-            cpu = time.process_time() - c0
+            c0 = process_and_children_cpu()
+            r = bench.bench_demoforge_recorder(args.episodes, args.frames, settings, Path(tmp) / f"s{run}",
+                                               encoder_process=encoder_process)
+            cpu = process_and_children_cpu() - c0
             process_cpu, frames = process_cpu + cpu, frames + r["frames"]
             print(f"run {run + 1}: {r['fps']:.1f} frames/s, {1000 * cpu / r['frames']:.2f} ms CPU/frame, "
                   f"load {bench.load()}", flush=True)
     by_thread = threads.by_name()
     own = by_thread.pop("profile-sampler", 0.0)
     print(f"\nCPU per frame over {frames} frames ({args.codec}, {args.runs} runs), process total "
-          f"{1000 * (process_cpu - own) / frames:.2f} ms (without this tool's sampler):")
+          f"{1000 * (process_cpu - own) / frames:.2f} ms (the encoder process's included; without this tool's "
+          f"sampler):")
     print("  by thread (sampled every 50 ms, in 10 ms clock ticks):")
     for name, seconds in by_thread.items():
         print(f"    {name:<60} {1000 * seconds / frames:6.2f} ms")
