@@ -13,6 +13,9 @@ rest::
 
     MUJOCO_GL=egl HF_HUB_OFFLINE=1 .venv/bin/python tools/profile_overlap.py --task aloha-transfer-cube --episodes 2 --rounds 2
 
+``--executor process`` runs every generate with one process worker (the walls and CPU only: the env steps in
+the worker's process, where this tool does not time it).
+
 Medians over the rounds; every number of one table comes from the same invocation.
 """
 
@@ -35,13 +38,15 @@ from round_ratio import round_ratio
 REPO = Path(__file__).resolve().parent.parent
 
 
-def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
-    """One run in this process (called in a child): the env thread's breakdown as a dict."""
+def measure(mode: str, task: str, episodes: int, store: Path, executor: str = "thread") -> dict[str, Any]:
+    """One run in this process (called in a child): the env thread's breakdown as a dict. With the process
+    executor the env steps in the worker's process, so only the walls and the CPU (children included) count."""
     import gymnasium as gym
 
     from demoforge.pipeline.job import JobSpec
     from demoforge.pipeline.runner import run_job
     from demoforge.pipeline.tasks.registry import get_task
+    from demoforge.pipeline.workers.config import ExecutorConfig
     from demoforge.stages import step as step_stage
     from demoforge.stages.executor import run_episodes
 
@@ -92,7 +97,7 @@ def measure(mode: str, task: str, episodes: int, store: Path) -> dict[str, Any]:
         # "generate": beside the env; "generate-apart": in a process of their own; "generate-idle": that process
         # at idle scheduling priority (generate --encoder-priority idle)
         run_job(JobSpec(task=task, episodes=episodes, encoder_process=mode != "generate",
-                        encoder_idle=mode == "generate-idle"), store)
+                        encoder_idle=mode == "generate-idle"), store, executor=ExecutorConfig(kind=executor))
     timed["wall"] = time.perf_counter() - wall
     timed["tail"] = timed["wall"] - timed.get("last_step_at", timed["wall"])
     timed["cpu"] = time.process_time() - cpu
@@ -178,16 +183,33 @@ def _encoder_process(conn: Any, cameras: Any, fps: int, idle: bool) -> None:
             return
 
 
-def child(mode: str, task: str, episodes: int) -> dict[str, Any]:
+def child(mode: str, task: str, episodes: int, executor: str) -> dict[str, Any]:
     store = Path(tempfile.mkdtemp(prefix="profile-overlap-")) / "store"
     try:
         out = subprocess.run([sys.executable, __file__, "--child", mode, "--task", task, "--episodes", str(episodes),
-                              "--store", str(store)], capture_output=True, text=True, cwd=REPO, check=False)
+                              "--store", str(store), "--executor", executor],
+                             capture_output=True, text=True, cwd=REPO, check=False)
         if out.returncode != 0:
             raise SystemExit(f"{mode} run failed:\n{out.stderr[-3000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(store.parent, ignore_errors=True)
+
+
+def breakdown(runs: dict[str, list[dict[str, Any]]], modes: list[str], med: Any) -> None:
+    """The env thread's time outside env.step, its start and its end, per mode (thread executor only)."""
+    outside = {m: med(m, "wall") - med(m, "step_wall") - med(m, "reset_wall") for m in runs}
+    print(f"| outside env.step (executor, records, hand-offs; start-up) | {outside['env-only']:.2f} | "
+          f"{outside['generate']:.2f} | {outside['generate'] - outside['env-only']:+.2f} |")
+    for label, key in (("start to the first env.step", "first_step_at"), ("the last env.step to the end", "tail")):
+        a, b = (med(m, key) for m in ("env-only", "generate"))
+        print(f"| {label} | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
+    for mode in modes[2:]:
+        print(f"{mode} / env only: {med(mode, 'wall') / med('env-only', 'wall'):.3f} "
+              f"(in env.step {med(mode, 'step_wall') - med('env-only', 'step_wall'):+.2f} s, "
+              f"CPU {med(mode, 'cpu'):.2f} s in the env's process; outside env.step {outside[mode]:.2f} s, of which "
+              f"start to the first env.step {med(mode, 'first_step_at'):.2f} s, the last env.step to the end "
+              f"{med(mode, 'tail'):.2f} s)")
 
 
 def main() -> None:
@@ -208,11 +230,15 @@ def main() -> None:
                         help="also run env only with the encoders in a separate process fed by pipe, at normal "
                              "and at idle scheduling priority: what moving the recorder out would leave "
                              "(default: off)")
+    parser.add_argument("--executor", choices=("thread", "process"), default="thread",
+                        help="the executor of every generate run, one worker (env only always steps in its own "
+                             "process); with process the env steps in the worker's process, so the rows inside and "
+                             "outside env.step are not measured, only walls and CPU (default: thread)")
     parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("MUJOCO_GL", "egl")
     if args.child:
-        print(json.dumps(measure(args.child, args.task, args.episodes, args.store)))
+        print(json.dumps(measure(args.child, args.task, args.episodes, args.store, args.executor)))
         return
     modes = (["env-only", "generate"] + (["generate-apart"] if args.encoder_process else [])
              + (["generate-idle"] if args.encoder_idle else [])
@@ -220,7 +246,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for r in range(args.rounds):
         for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
-            runs[mode].append(child(mode, args.task, args.episodes))
+            runs[mode].append(child(mode, args.task, args.episodes, args.executor))
             print(f"round {r + 1} {mode}: wall {runs[mode][-1]['wall']:.2f} s; load {os.getloadavg()[0]:.2f}",
                   file=sys.stderr, flush=True)
 
@@ -231,23 +257,20 @@ def main() -> None:
             ("in env.step, env thread CPU", "step_cpu"), ("reset, wall", "reset_wall"),
             ("hand-offs to the event loop", "handoff_wall")]
     steps = runs["env-only"][0]["steps"]
-    print(f"{args.task}, {args.episodes} episode(s), {steps} steps, median of {args.rounds} round(s) (s)\n")
+    print(f"{args.task}, {args.episodes} episode(s), {steps} steps, median of {args.rounds} round(s) (s); generate "
+          f"with the {args.executor} executor\n")
+    if args.executor != "thread":  # the env steps in the worker's process: no breakdown inside the env's steps
+        print("(the env steps in the worker's process: only walls and CPU are measured for generate)\n")
+        rows = rows[:2]
     print("| | env only | generate | difference |\n|---|---|---|---|")
     for label, key in rows:
         a, b = med("env-only", key), med("generate", key)
         print(f"| {label} | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
-    outside = {m: med(m, "wall") - med(m, "step_wall") - med(m, "reset_wall") for m in runs}
-    print(f"| outside env.step (executor, records, hand-offs; start-up) | {outside['env-only']:.2f} | "
-          f"{outside['generate']:.2f} | {outside['generate'] - outside['env-only']:+.2f} |")
-    for label, key in (("start to the first env.step", "first_step_at"), ("the last env.step to the end", "tail")):
-        a, b = (med(m, key) for m in ("env-only", "generate"))
-        print(f"| {label} | {a:.2f} | {b:.2f} | {b - a:+.2f} |")
-    for mode in modes[2:]:
-        print(f"{mode} / env only: {med(mode, 'wall') / med('env-only', 'wall'):.3f} "
-              f"(in env.step {med(mode, 'step_wall') - med('env-only', 'step_wall'):+.2f} s, "
-              f"CPU {med(mode, 'cpu'):.2f} s in the env's process; outside env.step {outside[mode]:.2f} s, of which "
-              f"start to the first env.step {med(mode, 'first_step_at'):.2f} s, the last env.step to the end "
-              f"{med(mode, 'tail'):.2f} s)")
+    if args.executor == "thread":
+        breakdown(runs, modes, med)
+    else:
+        for mode in modes[2:]:
+            print(f"{mode} / env only: {med(mode, 'wall') / med('env-only', 'wall'):.3f}")
     # What two cores allow at best: the run cannot end before its env does, nor before all its CPU work is
     # done on the machine's cores.
     cores = len(os.sched_getaffinity(0))
