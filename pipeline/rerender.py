@@ -247,6 +247,43 @@ def plan_rerender(source: Path, overrides: Mapping[str, Any], variants: int) -> 
     return RerenderPlan(task=task, options=options, sources=len(refs), spec=spec)
 
 
+def check_rerender_output(source: Path, out: Path, store: Path) -> None:
+    """Refuse, before anything is rendered, an ``--out`` or ``--store`` that is, lies in or holds the source (or
+    each other), and an ``--out`` that is not new: only an absent or empty folder, or this rerender's own
+    dataset, is accepted. Its own: a demoforge dataset every episode of which the export recorded as coming from
+    ``store`` (the marker names each episode's store by the store's id), so that re-running the same command
+    after a kill during or after the export resumes it; any other dataset or non-empty folder is someone else's."""
+    from demoforge.storage.errors import StoreError
+    from demoforge.storage.lerobot.output_guard import output_overlap
+    from demoforge.storage.lerobot.publish import ExportError, resolve_target
+    from demoforge.storage.paths import short_path
+    from demoforge.storage.store import open_store
+
+    for path, flag, inputs in ((out, "--out", {"the source": source, "the job's store": store}),
+                               (store, "--store", {"the source": source})):
+        why = output_overlap(path, inputs)
+        if why is not None:
+            raise RerenderInputError(f"{flag} {why}: rerender writes a new dataset from its source, through a store "
+                                     "of its own; choose paths apart from both (nothing was written)")
+    try:
+        target = resolve_target(out)  # refuses a foreign dataset, a non-empty folder, a file, a bad path
+    except ExportError as exc:
+        raise RerenderInputError(f"--out: {exc}; --out is the new dataset (nothing was written)") from None
+    if target.marker is None:
+        return
+    owners = {e.store_id for e in target.marker.episodes}
+    mine: str | None = None
+    try:
+        with open_store(store) as view:
+            mine = view.catalog.store_id()
+    except StoreError:
+        pass
+    if mine is None or owners != {mine}:
+        raise RerenderInputError(f"--out {short_path(out)} already holds a dataset that this rerender's store "
+                                 f"{short_path(store)} did not export; --out is the new dataset: choose a new "
+                                 "folder (nothing was written)")
+
+
 def _suite(entry: TaskEntry, options: Mapping[str, Any]) -> bool:
     try:
         return bool(entry.info(options).suite)

@@ -96,6 +96,35 @@ def test_a_killed_rerender_resumes_and_publishes_each_episode_once(push_run, tmp
     assert done.returncode == 0, done.stdout + done.stderr
     assert [r["seed"] for r in sidecar(out)] == [r["seed"] for r in sidecar(push_run / "d")]
     assert table(out)["observation.state"].equals(table(push_run / "d")["observation.state"])
+    # Its own dataset now exists at --out: the same command again is a re-run, not a write into another dataset.
+    again = run_cli("rerender", str(push_run / "d"), "--out", str(out), "--option", "image_size=56")
+    assert again.returncode == 0 and "nothing new to export" in again.stdout, again.stdout + again.stderr
+
+
+def tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under ``root`` with its file's size and mtime (SQLite's shared-memory files, which a reader of a
+    store creates, left out)."""
+    return {str(p.relative_to(root)): (p.lstat().st_size, p.lstat().st_mtime_ns) if p.is_file() else (0, 0)
+            for p in sorted(root.rglob("*")) if not p.name.endswith(("-shm", "-wal"))}
+
+
+def test_an_output_that_is_not_a_new_dataset_is_refused_before_anything_is_rendered(push_run, tmp_path) -> None:
+    """--out (or --store) the source, inside it, around it, an existing dataset this rerender did not write, a
+    non-empty folder: one line, exit 2, and nothing written anywhere (no OUT.store left behind)."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    source, store = push_run / "d", push_run / "s"
+    cases = [((str(source), "--out", str(source)), "is the source"),
+             ((str(source), "--out", str(source / "inner")), "is inside the source"),
+             ((str(store), "--out", str(source)), "already holds a dataset that this rerender's store"),
+             ((str(source), "--out", str(tmp_path / "full")), "is a non-empty directory"),
+             ((str(store), "--out", str(tmp_path / "new"), "--store", str(store)), "--store")]
+    before, mine = tree(push_run), tree(tmp_path)
+    for args, message in cases:
+        done = run_cli("rerender", *args, "--codec", "h264")
+        assert done.returncode == 2, (args, done.stdout + done.stderr)
+        assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
+        assert tree(push_run) == before and tree(tmp_path) == mine, args
 
 
 def test_a_diverging_episode_is_reported_and_never_written(tmp_path) -> None:

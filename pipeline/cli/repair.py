@@ -20,7 +20,7 @@ def add_repair_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dataset", type=Path, metavar="DATASET_DIR",
                    help="the LeRobot v3.0 dataset a killed `lerobot-record` (or LeRobotDataset loop) left behind")
     p.add_argument("--out", type=Path, default=None, metavar="NEW_DATASET_DIR",
-                   help="where the repaired dataset is published (None: DATASET_DIR-repaired); must not exist")
+                   help="where the repaired dataset is published (default: DATASET_DIR-repaired); must not exist")
     p.add_argument("--in-place", action="store_true",
                    help="replace DATASET_DIR by the repaired dataset; the broken one is kept beside it as "
                         "NAME.broken-TIME")
@@ -28,7 +28,8 @@ def add_repair_parser(sub: argparse._SubParsersAction) -> None:
                    help="encode episodes whose frames are only PNG folders (LeRobot's batch encoding had not run) "
                         "instead of dropping them")
     p.add_argument("--vcodec", default=None,
-                   help="codec for --encode-pngs (None: the one info.json records, else LeRobot's default "
+                   help="codec for --encode-pngs, one LeRobot's encoder takes (h264, hevc, libsvtav1, ...; checked "
+                        "before anything is read; default: the one info.json records, else LeRobot's default "
                         "libsvtav1)")
     p.add_argument("--dry-run", action="store_true", help="report what would be recovered and lost; write nothing")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -47,23 +48,25 @@ def cmd_repair(args: argparse.Namespace) -> int:
         for line in report.findings:
             console.print(f"found: {line}", highlight=False, markup=False)
         for episode in report.lost:
-            console.print(f"lost: episode {episode.episode_index} ({episode.frames} frames): {episode.reason}",
+            frames = "length unknown" if episode.frames is None else f"{episode.frames} frames"
+            console.print(f"lost: episode {episode.episode_index} ({frames}): {episode.reason}",
                           highlight=False, markup=False)
         total = len(report.episodes)
         if report.healthy:
             console.print(f"{args.dataset}: healthy ({total} episodes, every file whole and every count right); "
-                          "nothing to repair, nothing written", highlight=False)
+                          "nothing to repair, nothing written", highlight=False, markup=False)
         elif report.out is None:
             what = "would recover" if args.dry_run else "recovered"
-            console.print(f"{args.dataset}: {what} {report.recovered} of {total} episodes on disk"
+            console.print(f"{args.dataset}: {what} {report.recovered} of {total} episode(s)"
                           + ("; nothing written (--dry-run)" if args.dry_run else "; nothing written"),
-                          highlight=False)
+                          highlight=False, markup=False)
         else:
             renumbered = sum(1 for e in report.episodes if e.recovered and e.new_index != e.episode_index)
-            console.print(f"recovered {report.recovered} of {total} episodes on disk into {report.out}"
+            console.print(f"recovered {report.recovered} of {total} episode(s) into {report.out}"
+                          + (f", {len(report.lost)} lost (named above)" if report.lost else "")
                           + (f" ({renumbered} renumbered after the lost ones)" if renumbered else "")
                           + (f"; the broken dataset is kept at {report.backup}" if report.backup else "")
-                          + f" ({report.elapsed_s:.1f} s)", highlight=False)
+                          + f" ({report.elapsed_s:.1f} s)", highlight=False, markup=False)
     if not report.healthy and report.recovered == 0:
         return EXIT_FAIL
     return EXIT_OK

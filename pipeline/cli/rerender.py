@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from demoforge.pipeline.cli.common import (
+    APPEARANCE_AXES,
     EXIT_FAIL,
     EXIT_OK,
+    add_codec_option,
     add_command,
     add_randomize_option,
     make_console,
@@ -29,9 +31,10 @@ def add_rerender_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("source", type=Path, metavar="STORE_OR_DATASET",
                    help="a store or a dataset written by `demoforge export` (one task, expert-driven episodes)")
     p.add_argument("--out", type=Path, required=True, metavar="DATASET_DIR",
-                   help="the new LeRobot dataset, published when every episode has been rerendered. Required")
+                   help="the new LeRobot dataset, published when every episode has been rerendered: absent or an "
+                        "empty folder (or this rerender's own, to resume), apart from the source. Required")
     p.add_argument("--store", type=Path, default=None,
-                   help="the rerender job's store (re-run the same command to resume); None: OUT.store")
+                   help="the rerender job's store (re-run the same command to resume); default: OUT.store")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="an appearance option of the task, e.g. image_size=96 (`demoforge tasks NAME`; anything "
                         "that could change the physics is refused); default: the source's options")
@@ -40,14 +43,14 @@ def add_rerender_parser(sub: argparse._SubParsersAction) -> None:
                         "source's cameras")
     p.add_argument("--depth", action="store_true", help="also record each camera's depth (the task's 'depth' "
                                                           "option; default: as the source)")
-    add_randomize_option(p)
+    add_randomize_option(p, APPEARANCE_AXES)
     p.add_argument("--variants", type=int, default=1, metavar="K",
                    help="appearance variants per source episode: variant v > 0 redraws the appearance axes "
                         "(--randomize lighting,colors,camera) from the episode's seed and v")
     p.add_argument("--workers", type=int, default=1, help="env workers (threads, or processes with --executor)")
     p.add_argument("--executor", choices=["thread", "process", "ray"], default="thread",
                    help="where env workers run (docs/scale-out.md)")
-    p.add_argument("--codec", default="libsvtav1", help="libsvtav1 (LeRobot's default), h264, hevc")
+    add_codec_option(p)
     p.add_argument("--crf", type=int, default=30, help="encoder quality (lower: better, larger)")
     p.add_argument("--gop", type=int, default=2, help="keyframe interval")
     p.add_argument("--repo-id", default=None, help="repo id recorded in the new dataset")
@@ -76,7 +79,7 @@ def cmd_rerender(args: argparse.Namespace) -> int:
 
     from demoforge.pipeline.cli.generate import export_after_job
     from demoforge.pipeline.job import JobSpec, VideoSettings
-    from demoforge.pipeline.rerender import RerenderInputError, plan_rerender
+    from demoforge.pipeline.rerender import RerenderInputError, check_rerender_output, plan_rerender
     from demoforge.pipeline.runner import JobRunner, JobStats
     from demoforge.pipeline.tasks.registry import TaskOptionError, get_task
     from demoforge.pipeline.workers.config import ExecutorConfig
@@ -89,9 +92,12 @@ def cmd_rerender(args: argparse.Namespace) -> int:
             if key in overrides and key not in entry.all_defaults:
                 raise RerenderInputError(f"--{key}: task {plan.task!r} has no {key!r} option (its options: "
                                          f"{', '.join(sorted(entry.defaults))})")
+        if args.store is None and args.out.name in ("", ".", ".."):
+            raise RerenderInputError(f"--out {str(args.out)!r} names no new folder: give the new dataset's path")
+        store = args.store or args.out.with_name(args.out.name + ".store")
+        check_rerender_output(args.source, args.out, store)
     except RerenderInputError as exc:
         raise TaskOptionError(str(exc)) from None
-    store = args.store or args.out.with_name(args.out.name + ".store")
     threads = args.workers if args.executor == "thread" else 1
     spec = JobSpec(task=plan.task, episodes=plan.sources * args.variants, task_options=plan.options, seed=0,
                    max_attempts=1, workers=threads, max_consecutive_abandoned=0, rerender=plan.spec,
@@ -105,8 +111,8 @@ def cmd_rerender(args: argparse.Namespace) -> int:
         if not result.committable:
             failures[item.ended.key.episode_index] = result.failure_reason or result.terminal_reason.value
 
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
+    progress = Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[detail]}", markup=False), TimeElapsedColumn(), console=console,
                         disable=not console.is_terminal)
     last_line = [0.0]
 

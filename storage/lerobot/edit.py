@@ -65,6 +65,7 @@ from demoforge.storage.lerobot.format import (
     file_checksum,
     schema_differences,
 )
+from demoforge.storage.lerobot.output_guard import output_overlap
 from demoforge.storage.lerobot.publish import (
     KEEP_VERSIONS,
     Published,
@@ -76,7 +77,6 @@ from demoforge.storage.lerobot.publish import (
     remove_unfinished,
     resolve_target,
     start_version,
-    versions_dir,
     write_json,
 )
 from demoforge.storage.lerobot.rejected import (
@@ -491,12 +491,10 @@ def _already(target: Published, identity: _Identity) -> bool:
 
 def _check_new_output(out: Path, identity: _Identity, sources: Sequence[DatasetToEdit]) -> Published:
     """A new sibling dataset's target: free, or already this edit's result; never inside a source."""
-    for source in sources:
-        for inside in (source.root, versions_dir(source.path), source.path):
-            with contextlib.suppress(OSError):
-                if out.resolve() == inside.resolve() or out.resolve().is_relative_to(inside.resolve()):
-                    raise EditError(f"{short_path(out)} is inside {source.describe()}; write the new dataset "
-                                    "elsewhere; nothing was written")
+    why = output_overlap(out, {f"source dataset {n + 1}" if len(sources) > 1 else "the source dataset": source.path
+                               for n, source in enumerate(sources)})
+    if why is not None:
+        raise EditError(f"{why}; write the new dataset elsewhere; nothing was written")
     target = resolve_target(out)  # refuses a foreign dataset or a non-empty folder there
     if target.marker is not None and not _already(target, identity):
         raise EditError(f"{short_path(out)} already holds a dataset (version {target.current and target.current.name}) "
@@ -710,6 +708,25 @@ def _reasons(selection: Selection) -> str:
     return ", ".join(f"{n} {reason}" for reason, n in selection.counts().items()) or "nothing removed"
 
 
+def _merge_differences(first: DatasetToEdit, other: DatasetToEdit) -> list[str]:
+    """How two datasets' features differ, each difference once: by ``info.json``, then what only demoforge's
+    markers record (its schema names the same cameras, shapes and codecs in other words: those are left out)."""
+    diffs = feature_differences(first.features, other.features, str(first.path), str(other.path))
+    if first.fps != other.fps:
+        diffs.insert(0, f"fps: {first.fps} in {first.path}, {other.fps} in {other.path}")
+    if first.marker is None or other.marker is None:
+        return diffs
+    subjects = [d.split(": ", 1)[0] for d in diffs]
+    features = {s.split(" ", 1)[0] for s in subjects}
+    keys = {s.split(" ", 1)[1] for s in subjects if " " in s}
+    for d in schema_differences(first.marker.schema, other.marker.schema, str(first.path), str(other.path)):
+        subject = d.split(": ", 1)[0]
+        video = subject.startswith(("video ", "depth video ")) and subject.rsplit(" ", 1)[1] in keys
+        if subject not in subjects and subject.split(" ", 1)[0] not in features and not video:
+            diffs.append(d)
+    return diffs
+
+
 def merge_datasets(paths: Sequence[Path | str], out: Path | str, *, repo_id: str | None = None,
                    dry_run: bool = False, progress: Progress | None = None,
                    stage_pause: Callable[[str], None] | None = None) -> EditReport:
@@ -729,12 +746,7 @@ def merge_datasets(paths: Sequence[Path | str], out: Path | str, *, repo_id: str
             raise EditError(f"cannot merge {segmented.describe()} with {plain.describe()}: the first carries "
                             f"demoforge's segment records ({SIDECAR}) and the second has none, and a "
                             "dataset has them for every episode or for none; nothing was written")
-        diffs = feature_differences(first.features, other.features, str(first.path), str(other.path))
-        if first.fps != other.fps:
-            diffs.insert(0, f"fps: {first.fps} in {first.path}, {other.fps} in {other.path}")
-        if first.marker is not None and other.marker is not None:
-            diffs += [d for d in schema_differences(first.marker.schema, other.marker.schema, str(first.path),
-                                                    str(other.path)) if d not in diffs]
+        diffs = _merge_differences(first, other)
         if diffs:
             raise EditError(f"cannot merge {other.path} with {first.path}: their features differ ("
                             + "; ".join(diffs) + "); a dataset holds one feature layout; nothing was written")

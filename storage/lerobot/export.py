@@ -52,6 +52,7 @@ from demoforge.storage.lerobot.format import (
     schema_differences,
     schema_identity,
 )
+from demoforge.storage.lerobot.output_guard import output_overlap
 from demoforge.storage.lerobot.publish import (
     KEEP_VERSIONS,
     ExportError,
@@ -156,6 +157,11 @@ def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str
     with contextlib.ExitStack() as opened:
         sources = [_open_source(Path(p), opened) for p in stores]
         _refuse_duplicate_stores(sources)
+        inside = output_overlap(out, {f"the store {n + 1}" if len(sources) > 1 else "the store": s.path
+                                      for n, s in enumerate(sources)})
+        if inside is not None:
+            raise ExportError(f"--out {inside}: a dataset is written apart from the stores it is exported from; "
+                              "nothing was written")
         target = resolve_target(out)
         _check_schemas(sources, target.marker, out)
         check_writable(out.parent)

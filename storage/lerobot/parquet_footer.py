@@ -12,6 +12,7 @@ chunks is whole and all agree on the number of rows. The file itself is never mo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import struct
@@ -67,10 +68,8 @@ def has_footer(path: Path) -> bool:
 
 
 def _zero(field_type: pa.DataType) -> Any:
-    if pa.types.is_fixed_size_list(field_type) or pa.types.is_list(field_type) or \
-            pa.types.is_large_list(field_type):
-        size = field_type.list_size if pa.types.is_fixed_size_list(field_type) else 1
-        return [_zero(field_type.value_type)] * size
+    if pa.types.is_fixed_size_list(field_type):
+        return [_zero(field_type.value_type)] * field_type.list_size
     if pa.types.is_struct(field_type):
         return {f.name: _zero(f.type) for f in field_type}
     if pa.types.is_string(field_type) or pa.types.is_large_string(field_type):
@@ -82,19 +81,35 @@ def _zero(field_type: pa.DataType) -> Any:
     return 0
 
 
-def _leaf_widths(schema: pa.Schema) -> list[int]:
-    """Values per row of each leaf column, in file order; a variable-length list has no fixed width."""
-    widths: list[int] = []
+def _variable(field_type: pa.DataType) -> bool:
+    """Whether a column has no fixed number of values per row (a list, a map) or holds an extension type
+    (LeRobot's language columns: ``arrow.json`` inside lists of structs), which pyarrow cannot build from Python
+    values: the template writes such a column as one null row."""
+    if isinstance(field_type, pa.ExtensionType) or pa.types.is_list(field_type) or \
+            pa.types.is_large_list(field_type) or pa.types.is_map(field_type):
+        return True
+    if pa.types.is_fixed_size_list(field_type):
+        return _variable(field_type.value_type)
+    return pa.types.is_struct(field_type) and any(_variable(child.type) for child in field_type)
 
-    def walk(field_type: pa.DataType, width: int) -> None:
-        if pa.types.is_fixed_size_list(field_type):
-            walk(field_type.value_type, width * field_type.list_size)
+
+def _leaf_widths(schema: pa.Schema) -> list[int | None]:
+    """Values per row of each leaf column, in file order; None for a leaf under a variable-length list."""
+    widths: list[int | None] = []
+
+    def walk(field_type: pa.DataType, width: int | None) -> None:
+        if isinstance(field_type, pa.ExtensionType):
+            walk(field_type.storage_type, width)
+        elif pa.types.is_fixed_size_list(field_type):
+            walk(field_type.value_type, None if width is None else width * field_type.list_size)
         elif pa.types.is_struct(field_type):
             for child in field_type:
                 walk(child.type, width)
-        elif pa.types.is_list(field_type) or pa.types.is_large_list(field_type) or pa.types.is_map(field_type):
-            raise FooterRebuildError(f"a variable-length list column ({field_type}) has no fixed number of values "
-                                     "per row")
+        elif pa.types.is_list(field_type) or pa.types.is_large_list(field_type):
+            walk(field_type.value_type, None)
+        elif pa.types.is_map(field_type):
+            walk(field_type.key_type, None)
+            walk(field_type.item_type, None)
         else:
             widths.append(width)
 
@@ -106,7 +121,8 @@ def _leaf_widths(schema: pa.Schema) -> list[int]:
 def _template(schema: pa.Schema, compression: str) -> Any:
     from fastparquet.cencoding import from_buffer
 
-    table = pa.Table.from_pylist([{f.name: _zero(f.type) for f in schema}], schema=schema)
+    columns = [pa.nulls(1, f.type) if _variable(f.type) else pa.array([_zero(f.type)], f.type) for f in schema]
+    table = pa.Table.from_arrays(columns, schema=schema)
     sink = io.BytesIO()
     with pq.ParquetWriter(sink, schema, compression=compression, use_dictionary=True) as writer:
         writer.write_table(table)
@@ -144,9 +160,82 @@ def _pages(data: np.ndarray, start: int) -> tuple[list[_Page], int]:
     return pages, pos
 
 
+def _layout(pages: list[_Page], start: int, leaves: list[tuple[int | None, bool]], rows: int
+            ) -> list[list[_Page]] | None:
+    """The column chunks of one row group of ``rows`` rows, from ``pages[start:]``; None when the pages do not
+    make one (a group cut short). ``leaves``: (values per row or None, starts with a dictionary page) of each
+    leaf column. A fixed-width chunk ends when it holds ``rows`` x width values; a variable-width one (a list)
+    at the next dictionary page, which the next leaf (or the next group's first) must therefore have."""
+    chunks: list[list[_Page]] = []
+    at = start
+    for number, (width, dictionary) in enumerate(leaves):
+        chunk: list[_Page] = []
+        if dictionary:
+            if at >= len(pages) or pages[at].kind != _DICTIONARY_PAGE:
+                return None
+            chunk.append(pages[at])
+            at += 1
+        values = 0
+        if width is not None:
+            while values < rows * width and at < len(pages) and pages[at].kind != _DICTIONARY_PAGE:
+                values += pages[at].values
+                chunk.append(pages[at])
+                at += 1
+            if values != rows * width:
+                return None
+        else:
+            if not leaves[(number + 1) % len(leaves)][1]:
+                raise FooterRebuildError("a list column is followed by a column without a dictionary page: where "
+                                         "its chunk ends cannot be told")
+            while at < len(pages) and pages[at].kind != _DICTIONARY_PAGE:
+                values += pages[at].values
+                chunk.append(pages[at])
+                at += 1
+            if at >= len(pages) or values < rows:  # not followed by the next chunk: maybe cut short
+                return None
+        if len(chunk) == int(dictionary):
+            return None
+        chunks.append(chunk)
+    return chunks
+
+
+def _row_counts(pages: list[_Page], start: int, leaf: tuple[int | None, bool]) -> list[int]:
+    """The row counts the first leaf's chunk could hold: one per data page it could end after."""
+    width, dictionary = leaf
+    if width is None:
+        raise FooterRebuildError("the first column is a list: a row group's row count cannot be told")
+    at, values, counts = start + int(dictionary), 0, []
+    while at < len(pages) and pages[at].kind != _DICTIONARY_PAGE:
+        values += pages[at].values
+        if values % width == 0:
+            counts.append(values // width)
+        at += 1
+    return counts
+
+
+def _column(template_column: Any, chunk: list[_Page]) -> Any:
+    from fastparquet.cencoding import ThriftObject
+
+    column = ThriftObject("ColumnChunk", copy.deepcopy(template_column.contents))
+    meta = column.meta_data
+    data = [p for p in chunk if p.kind != _DICTIONARY_PAGE]
+    meta.num_values = sum(p.values for p in data)
+    meta.total_compressed_size = chunk[-1].end - chunk[0].offset
+    meta.total_uncompressed_size = sum(p.header_bytes + p.uncompressed for p in chunk)
+    if chunk[0].kind == _DICTIONARY_PAGE:
+        meta.dictionary_page_offset = chunk[0].offset
+    meta.data_page_offset = data[0].offset
+    for name in ("statistics", "encoding_stats", "size_statistics"):
+        if getattr(meta, name, None) is not None:
+            delattr(meta, name)
+    column.file_offset = chunk[0].offset
+    return column
+
+
 def read_without_footer(path: Path, schema: pa.Schema, *, compression: str = "snappy") -> RecoveredParquet:
     """The whole row groups of a footer-less Parquet file written with ``schema``, ``compression`` and
-    dictionaries (pyarrow's ``ParquetWriter(..., use_dictionary=True)``), read through a rebuilt footer."""
+    dictionaries (pyarrow's ``ParquetWriter(..., use_dictionary=True)``: every column but booleans starts its
+    chunks with a dictionary page), read through a rebuilt footer."""
     from fastparquet.cencoding import ThriftObject
 
     raw = Path(path).read_bytes()
@@ -157,58 +246,57 @@ def read_without_footer(path: Path, schema: pa.Schema, *, compression: str = "sn
     widths = _leaf_widths(schema)
     if len(widths) != len(chunk_template):
         raise FooterRebuildError(f"{path.name}: {len(chunk_template)} leaf columns written, {len(widths)} expected")
-    pages, _ = _pages(np.frombuffer(raw, dtype=np.uint8), 4)
-    chunks: list[list[_Page]] = []
-    for page in pages:
-        if page.kind == _DICTIONARY_PAGE or not chunks:
-            chunks.append([page])
-        else:
-            chunks[-1].append(page)
-    leaves = len(widths)
+    leaves = [(width, getattr(column.meta_data, "dictionary_page_offset", None) is not None)
+              for width, column in zip(widths, chunk_template)]
+    with contextlib.redirect_stdout(io.StringIO()):  # fastparquet prints "Corrupted thrift data" where parsing stops
+        pages, _ = _pages(np.frombuffer(raw, dtype=np.uint8), 4)
+    groups: list[tuple[int, list[list[_Page]]]] = []  # (rows, column chunks) of each whole row group
+    at = 0
+    try:
+        while at < len(pages):
+            found = next(((rows, chunks) for rows in _row_counts(pages, at, leaves[0])
+                          if (chunks := _layout(pages, at, leaves, rows)) is not None), None)
+            if found is None:
+                break  # a row group cut short (or not laid out as the writer lays them out): the end of what is whole
+            groups.append(found)
+            at += sum(len(chunk) for chunk in found[1])
+    except FooterRebuildError as exc:
+        raise FooterRebuildError(f"{path.name}: {exc}") from None
+    while True:  # a group that does not read back ends what is whole, as a cut one does
+        table, end = _read_back(raw, template, chunk_template, groups)
+        if table is not None or not groups:
+            break
+        groups.pop()
+    if table is None:
+        raise FooterRebuildError(f"{path.name}: no whole row group reads back")
+    if not table.schema.equals(schema):
+        raise FooterRebuildError(f"{path.name}: the recovered schema differs from the dataset's features")
+    return RecoveredParquet(table, len(groups), end, len(raw) - end)
+
+
+def _read_back(raw: bytes, template: Any, chunk_template: Any, groups: list[tuple[int, list[list[_Page]]]]
+               ) -> tuple[pa.Table | None, int]:
+    """The table the groups make with a footer listing them (None if it does not read), and where they end."""
+    from fastparquet.cencoding import ThriftObject
+
     row_groups: list[Any] = []
     end = 4
-    for first in range(0, len(chunks) - leaves + 1, leaves):
-        group = chunks[first:first + leaves]
-        counts: list[int] = []
-        columns = []
-        for chunk, width, template_column in zip(group, widths, chunk_template):
-            values = sum(p.values for p in chunk if p.kind != _DICTIONARY_PAGE)
-            if chunk[0].kind != _DICTIONARY_PAGE or values % width:
-                counts = []
-                break
-            counts.append(values // width)
-            column = ThriftObject("ColumnChunk", copy.deepcopy(template_column.contents))
-            meta = column.meta_data
-            meta.num_values = values
-            meta.total_compressed_size = chunk[-1].end - chunk[0].offset
-            meta.total_uncompressed_size = sum(p.header_bytes + p.uncompressed for p in chunk)
-            meta.dictionary_page_offset = chunk[0].offset
-            meta.data_page_offset = next((p.offset for p in chunk if p.kind != _DICTIONARY_PAGE), chunk[0].offset)
-            for name in ("statistics", "encoding_stats", "size_statistics"):
-                if getattr(meta, name, None) is not None:
-                    delattr(meta, name)
-            column.file_offset = chunk[0].offset
-            columns.append(column)
-        if not counts or len(set(counts)) != 1:
-            break  # a row group cut short (or not laid out as the writer lays them out): the end of what is whole
-        group_end = group[-1][-1].end
+    for rows, chunks in groups:
+        columns = [_column(t, chunk) for t, chunk in zip(chunk_template, chunks)]
         row_group = ThriftObject("RowGroup", copy.deepcopy(template.row_groups[0].contents))
         row_group.columns = columns
-        row_group.num_rows = counts[0]
+        row_group.num_rows = rows
         row_group.total_byte_size = sum(c.meta_data.total_uncompressed_size for c in columns)
-        row_group.file_offset = group[0][0].offset
-        row_group.total_compressed_size = group_end - group[0][0].offset
+        row_group.file_offset = chunks[0][0].offset
+        end = chunks[-1][-1].end
+        row_group.total_compressed_size = end - chunks[0][0].offset
         row_groups.append(row_group)
-        end = group_end
     footer = ThriftObject("FileMetaData", copy.deepcopy(template.contents))
     footer.row_groups = row_groups
     footer.num_rows = sum(g.num_rows for g in row_groups)
     encoded = bytes(footer.to_bytes())
     rebuilt = raw[:end] + encoded + struct.pack("<i", len(encoded)) + MAGIC
     try:
-        table = pq.read_table(pa.BufferReader(rebuilt))
-    except (pa.ArrowException, OSError) as exc:
-        raise FooterRebuildError(f"{path.name}: the row groups found do not read back ({exc})") from None
-    if not table.schema.equals(schema):
-        raise FooterRebuildError(f"{path.name}: the recovered schema differs from the dataset's features")
-    return RecoveredParquet(table, len(row_groups), end, len(raw) - end)
+        return pq.read_table(pa.BufferReader(rebuilt)), end
+    except (pa.ArrowException, OSError):
+        return None, end

@@ -1,13 +1,24 @@
-"""Structural checks of an exported dataset, then a load through the real ``LeRobotDataset``.
+"""Structural checks of a LeRobot v3.0 dataset, then a load through the real ``LeRobotDataset``; and, apart,
+demoforge's annotations when the dataset has them.
+
+Two questions, answered separately: is it a valid LeRobot v3.0 dataset (counts, indices, timestamps, episode
+metadata against the data, every video file holding its episodes' frames, finite statistics, no episode twice,
+LeRobot loads it and decodes sampled frames), and, when it carries demoforge's annotations (the
+``annotation.*`` columns and ``meta/demoforge_episodes.jsonl``), do they agree with it. A dataset without them (one
+LeRobot's writer made, or ``demoforge repair`` rebuilt from one) is valid when the first answer is yes; a line says
+the annotations are absent, and ``--expect-segments`` makes their absence a mismatch.
 
 Exit codes of ``demoforge validate``: 0 valid, 1 a mismatch was found, 2 the dataset cannot be loaded.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import random
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,11 +26,13 @@ from typing import Any
 import av
 import numpy as np
 
-from demoforge.storage.lerobot.format import INFO, SIDECAR, VIDEO_PATH, read_sidecar
+from demoforge.storage.lerobot.format import INFO, SIDECAR, STATS, VIDEO_PATH, read_sidecar
 from demoforge.storage.schema import ANNOTATION_KEYS
 from demoforge.storage.video import count_frames
 
 VALID, MISMATCH, UNLOADABLE = 0, 1, 2
+STATUS_WORDS = ("valid", "mismatch", "cannot load")
+CHECKED, ABSENT = "checked", "absent"
 
 
 @dataclass
@@ -31,6 +44,10 @@ class ValidationReport:
     problems: list[str] = field(default_factory=list)
     load_error: str | None = None
     decoded_frames: int = 0
+    annotations: str = ABSENT  # demoforge's annotations: CHECKED, or ABSENT (not checked)
+    annotation_problems: int = 0  # of ``problems``, those about demoforge's annotations
+    notes: list[str] = field(default_factory=list)  # true and worth saying, not a mismatch
+    _annotating: bool = field(default=False, repr=False)
 
     @property
     def status(self) -> int:
@@ -38,14 +55,33 @@ class ValidationReport:
             return UNLOADABLE
         return MISMATCH if self.problems else VALID
 
-    def problem(self, text: str) -> None:
+    @property
+    def lerobot_status(self) -> int:
+        """The status as a LeRobot v3.0 dataset alone (demoforge's annotations left out)."""
+        if self.load_error:
+            return UNLOADABLE
+        return MISMATCH if len(self.problems) > self.annotation_problems else VALID
+
+    def problem(self, text: str, *, annotation: bool = False) -> None:
         if len(self.problems) < 200:
             self.problems.append(text)
+            self.annotation_problems += int(annotation or self._annotating)
+
+    @contextlib.contextmanager
+    def annotating(self) -> Iterator[None]:
+        """The problems found inside are about demoforge's annotations."""
+        self._annotating = True
+        try:
+            yield
+        finally:
+            self._annotating = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"dataset": self.dataset, "status": ["valid", "mismatch", "cannot load"][self.status],
+        return {"dataset": self.dataset, "status": STATUS_WORDS[self.status],
+                "lerobot_v3": STATUS_WORDS[self.lerobot_status], "demoforge_annotations": self.annotations,
                 "episodes": self.episodes, "frames": self.frames, "checks": dict(self.checks),
-                "decoded_frames": self.decoded_frames, "problems": self.problems, "load_error": self.load_error}
+                "decoded_frames": self.decoded_frames, "problems": self.problems, "notes": self.notes,
+                "load_error": self.load_error}
 
 
 def _read_table(root: Path, pattern: str):
@@ -72,8 +108,17 @@ def validate_dataset(root: Path | str, *, expect_segments: int | None = None, vi
         return report
     fps = int(info["fps"])
     report.episodes, report.frames = len(episodes), len(data)
-    _check_structure(report, info, data, episodes, fps, expect_segments)
-    _check_sidecar(report, root, data, episodes, fps)
+    annotated = any(f"annotation.{k}" in data for k in ANNOTATION_KEYS) or (root / SIDECAR).exists()
+    report.annotations = CHECKED if annotated else ABSENT
+    _check_structure(report, info, data, episodes, fps, expect_segments if annotated else None)
+    if annotated:
+        with report.annotating():
+            _check_sidecar(report, root, data, episodes, fps)
+    elif expect_segments is not None:
+        report.problem(f"--expect-segments {expect_segments}: the dataset has no segment annotations (not a "
+                       "demoforge export, or one rebuilt without them)", annotation=True)
+    _check_statistics(report, root, episodes)
+    _check_duplicates(report, root, info, data, episodes)
     _check_videos(report, root, info, episodes, fps)
     _check_load(report, root, video_backend, sample_frames, seed)
     return report
@@ -108,11 +153,15 @@ def _check_structure(report: ValidationReport, info: dict, data, episodes, fps: 
         if not np.allclose(frames["timestamp"].to_numpy(np.float32), expected_ts, atol=1e-4):
             report.problem(f"episode {ep}: timestamps are not frame_index / fps")
         missing = [f"annotation.{k}" for k in ANNOTATION_KEYS if f"annotation.{k}" not in frames]
-        if missing:
+        if report.annotations == ABSENT:
+            pass
+        elif missing:
             if ep == 0:
-                report.problem(f"no segment annotations: missing {', '.join(missing)} (not a demoforge export?)")
+                report.problem(f"demoforge's segment annotations are incomplete: missing {', '.join(missing)}",
+                               annotation=True)
         else:
-            _check_annotations(report, ep, frames, expect_segments)
+            with report.annotating():
+                _check_annotations(report, ep, frames, expect_segments)
         report.checks["episodes"] += 1
 
 
@@ -185,8 +234,11 @@ def _check_videos(report: ValidationReport, root: Path, info: dict, episodes, fp
             except (FileNotFoundError, av.FFmpegError) as exc:
                 report.problem(f"{path.relative_to(root)}: cannot read: {exc}")
                 continue
-            if count != expected:
+            if count < expected:
                 report.problem(f"{path.relative_to(root)} holds {count} frames; its episodes need {expected}")
+            elif count > expected:  # LeRobot reads by timestamp: frames no episode uses are never decoded
+                report.notes.append(f"{path.relative_to(root)} holds {count} frames, its episodes use {expected} (the "
+                                    "others, e.g. of an episode a repair dropped, are never read)")
             report.checks["video_files"] += 1
             if (ft.get("info") or {}).get("is_depth_map"):
                 _check_depth_stream(report, root, key, ft, path)
@@ -258,6 +310,87 @@ def _check_load(report: ValidationReport, root: Path, backend: str, samples: int
         report.load_error = f"{type(exc).__name__}: {exc}"
 
 
+def _check_statistics(report: ValidationReport, root: Path, episodes) -> None:
+    """Every statistic finite: in meta/stats.json and in each episode's row (a NaN std trains nothing)."""
+    try:
+        stats = json.loads((root / STATS).read_text())
+    except FileNotFoundError:
+        report.problem(f"{STATS} is missing")
+        return
+    except (OSError, ValueError) as exc:
+        report.problem(f"{STATS} does not read: {exc}")
+        return
+    bad = [f"{feature} {name} ({_first_bad(value)})" for feature, per in (stats.items() if isinstance(stats, dict)
+                                                                          else ())
+           if isinstance(per, dict) for name, value in per.items() if _first_bad(value) is not None]
+    if bad:
+        report.problem(f"{STATS}: statistics that are not finite numbers: {', '.join(bad[:10])}"
+                       + (f" and {len(bad) - 10} more" if len(bad) > 10 else ""))
+    for column in [c for c in episodes.columns if str(c).startswith("stats/")]:
+        for row, value in zip(episodes["episode_index"], episodes[column]):
+            why = _first_bad(value)
+            if why is not None:
+                report.problem(f"episode {int(row)}: meta/episodes {column} is not finite ({why})")
+                break
+    report.checks["statistics"] += 1
+
+
+def _first_bad(value: Any) -> str | None:
+    """The first value in a (nested) statistic that is not a finite number, as text; None if all are."""
+    if isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.dtype == object):
+        return next((why for v in value if (why := _first_bad(v)) is not None), None)
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        return repr(value)[:40]
+    return None if np.isfinite(array).all() else str(array[~np.isfinite(array)].reshape(-1)[0])
+
+
+def _episode_digest(frames, video_keys: list[str], meta_row: dict[str, Any]) -> str:
+    """What an episode is, for finding one held twice: every recorded column but the dataset's own numbering,
+    and each camera's statistics (a re-rendered look of the same motion is another episode)."""
+    digest = hashlib.sha256()
+    for column in frames.columns:
+        if column in ("episode_index", "index", "task_index"):
+            continue
+        values = frames[column].to_numpy()
+        try:
+            digest.update(np.stack([np.asarray(v, dtype=np.float64) for v in values]).tobytes())
+        except (TypeError, ValueError):
+            digest.update(repr(values.tolist()).encode())
+    for key in video_keys:
+        digest.update(repr(meta_row.get(f"stats/{key}/mean")).encode())
+    return digest.hexdigest()
+
+
+def _check_duplicates(report: ValidationReport, root: Path, info: dict, data, episodes) -> None:
+    """No episode twice: the same rows and the same look (its cameras' statistics) under two indices, from the
+    same seed where demoforge's records name it (a task may make two seeds' episodes alike), or one staging
+    episode of one store listed twice in those records."""
+    video_keys = [k for k, ft in info.get("features", {}).items() if ft.get("dtype") == "video"]
+    meta = {int(r["episode_index"]): r for r in episodes.to_dict("records")}
+    try:
+        records = {int(r["dataset_episode_index"]): r for r in read_sidecar(root)}
+    except (OSError, ValueError, KeyError, TypeError):
+        records = {}
+    seen: dict[str, int] = {}
+    staged: dict[tuple[Any, Any], int] = {}
+    for ep, frames in data.groupby("episode_index", sort=True):
+        index, record = int(ep), records.get(int(ep), {})
+        key = _episode_digest(frames, video_keys, meta.get(index, {})) + f"|seed={record.get('seed')}"
+        origin = (record.get("store_id"), record.get("staging_episode_id"))
+        if key in seen:
+            report.problem(f"episode {index} is episode {seen[key]} again (the same rows and camera statistics"
+                           + (", from the same seed)" if "seed" in record else ")"))
+        elif origin[1] is not None and origin in staged:
+            report.problem(f"episode {index} is episode {staged[origin]} again (both are staging episode "
+                           f"{origin[1]} of store {origin[0]})")
+        seen.setdefault(key, index)
+        if origin[1] is not None:
+            staged.setdefault(origin, index)
+    report.checks["duplicates"] += 1
+
+
 def describe(report: ValidationReport) -> str:
     lines = [f"{report.dataset}: {report.episodes} episodes, {report.frames} frames; "
              f"checks run: {', '.join(f'{k}={v}' for k, v in sorted(report.checks.items()))}; "
@@ -265,5 +398,13 @@ def describe(report: ValidationReport) -> str:
     if report.load_error:
         lines.append(f"CANNOT LOAD: {report.load_error}")
     lines += [f"MISMATCH: {p}" for p in report.problems]
+    lines += [f"note: {n}" for n in report.notes]
+    lerobot = len(report.problems) - report.annotation_problems
+    lines.append("as a LeRobot v3.0 dataset: "
+                 + ["valid", f"{lerobot} mismatch(es)", "cannot load"][report.lerobot_status])
+    lines.append("demoforge's annotations: " + (
+        f"{report.annotation_problems} mismatch(es)" if report.annotation_problems else
+        "checked, they agree with the data" if report.annotations == CHECKED else
+        "absent (segment columns, meta/demoforge_episodes.jsonl): not a demoforge export, not checked"))
     lines.append(["valid", f"{len(report.problems)} mismatch(es)", "cannot load"][report.status])
     return "\n".join(lines)
