@@ -10,9 +10,12 @@ postprocessor's action goes to the env.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import logging
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,26 @@ from demoforge.stages.control import Policy
 from demoforge.storage.paths import short_path
 
 
+_LOADING = threading.Lock()  # sys.stdout and logging's switch are the process's: one load at a time swaps them
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """LeRobot's loading notes (printed on stdout, which `eval --json` keeps for its report, and logged warnings
+    such as the device it switches to): shown on stderr once the load succeeds, dropped when it fails, so a
+    refused checkpoint is one line."""
+    notes = io.StringIO()
+    with _LOADING:
+        before = logging.root.manager.disable
+        logging.disable(max(before, logging.WARNING))
+        try:
+            with contextlib.redirect_stdout(notes):
+                yield
+        finally:
+            logging.disable(before)
+    sys.stderr.write(notes.getvalue())
+
+
 def _load_config(path: Path) -> Any:
     if not (path / "config.json").is_file():
         raise PolicyLoadError(f"--driver {short_path(path)}: not a LeRobot policy checkpoint (no config.json; "
@@ -32,10 +55,12 @@ def _load_config(path: Path) -> Any:
     from lerobot.configs.policies import PreTrainedConfig
 
     try:
-        return PreTrainedConfig.from_pretrained(str(path))
+        with _quiet():
+            return PreTrainedConfig.from_pretrained(str(path))
     except Exception as exc:
+        detail = " ".join(str(exc).split())  # one line: parsers' messages span several
         raise PolicyLoadError(f"--driver {short_path(path)}: not a LeRobot policy checkpoint "
-                              f"({type(exc).__name__}: {exc})"[:600]) from None
+                              f"({type(exc).__name__}: {detail})"[:600]) from None
 
 
 def _check_features(path: Path, wanted: Mapping[str, tuple[int, ...]], actions: list[tuple[int, ...]],
@@ -57,12 +82,11 @@ class CheckpointPolicy:
 
         config.device = "cpu"
         self.torch = torch
-        # LeRobot prints its loading notes on stdout, which `eval --json` keeps for its report.
-        with contextlib.redirect_stdout(sys.stderr):
+        with _quiet():
             self.policy = get_policy_class(config.type).from_pretrained(str(path), config=config)
-        self.policy.eval()
-        self.pre, self.post = make_pre_post_processors(
-            config, pretrained_path=str(path), preprocessor_overrides={"device_processor": {"device": "cpu"}})
+            self.policy.eval()
+            self.pre, self.post = make_pre_post_processors(
+                config, pretrained_path=str(path), preprocessor_overrides={"device_processor": {"device": "cpu"}})
         self.image_keys = [k for k, f in config.input_features.items() if f.type.name == "VISUAL"]
         self.task = ""
 
@@ -73,7 +97,7 @@ class CheckpointPolicy:
         torch = self.torch
         batch: dict[str, Any] = {}
         for name, value in features_of(observation).items():
-            tensor = torch.from_numpy(np.ascontiguousarray(value))
+            tensor = torch.from_numpy(np.array(value, order="C"))  # a copy: the frame's arrays are read-only
             if name in self.image_keys:
                 tensor = tensor.permute(2, 0, 1).float() / 255.0
             else:
@@ -113,6 +137,12 @@ def checkpoint_policy(path: Path, task_features: Mapping[str, tuple[int, ...]],
     if declared is not None:
         _check_features(path, *declared, task_features, action_shape)
     config = _load_config(path)
+    missing = [what for what, features in (("input", config.input_features), ("output", config.output_features))
+               if not features]
+    if missing:
+        raise PolicyLoadError(f"--driver {short_path(path)}: its config.json declares no "
+                              f"{' and no '.join(missing)} features (input_features, output_features): not a "
+                              "trained policy's checkpoint (give the pretrained_model folder lerobot-train saved)")
     wanted = {name: _task_shape(feature.type.name, tuple(feature.shape))
               for name, feature in config.input_features.items()}
     _check_features(path, wanted, [tuple(f.shape) for f in config.output_features.values()], task_features,

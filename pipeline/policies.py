@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,11 @@ from typing import Any
 from demoforge.pipeline.policy_io import PolicyLoadError, features_of, task_features
 from demoforge.pipeline.tasks.registry import TaskInfo
 from demoforge.stages.contract import RecordedObservation
-from demoforge.stages.control import Policy
+from demoforge.stages.control import Policy, bounded_call
 from demoforge.storage.paths import short_path
 
 _FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+BUILD_TIMEOUT_S = 300.0  # building a policy (a checkpoint's torch import and weights) at start-up may take this long
 
 
 class FeaturePolicy:
@@ -66,6 +68,8 @@ def _factory_policy(driver: str) -> Callable[[], Policy]:
 def policy_factory(driver: str, info: TaskInfo) -> Callable[[], Policy]:
     """A function that builds one driving policy (one per env row: policies keep state); raises
     :class:`PolicyLoadError` naming ``--driver`` when it names nothing loadable or does not fit the task."""
+    if not driver.strip():
+        raise PolicyLoadError("--driver '': name a LeRobot checkpoint folder or module:factory")
     path = Path(driver)
     if path.exists() or "/" in driver or driver.startswith("."):
         from demoforge.pipeline.lerobot_policy import checkpoint_policy
@@ -80,12 +84,31 @@ def policy_factory(driver: str, info: TaskInfo) -> Callable[[], Policy]:
     return _factory_policy(driver)
 
 
-def check_driver(make: Callable[[], Policy], driver: str) -> None:
-    """Build the driver (``make``, from :func:`policy_factory`) once where the job starts, so a bad one is
-    refused before anything is written."""
+def check_driver(make: Callable[[], Policy], driver: str, timeout_s: float | None = BUILD_TIMEOUT_S
+                 ) -> Callable[[], Policy]:
+    """Build the driver (``make``, from :func:`policy_factory`) once where the job starts, whatever the executor,
+    so a bad one is refused (:class:`PolicyLoadError`, naming ``--driver``) before anything is written. Returns a
+    builder that hands out that first policy before building more (a checkpoint is loaded once less)."""
     try:
-        make()
+        first = bounded_call(make, timeout_s, f"policy check {driver}")
     except PolicyLoadError:
         raise
-    except Exception as exc:
-        raise PolicyLoadError(f"--driver {driver}: building the policy raised {type(exc).__name__}: {exc}") from None
+    except TimeoutError:
+        raise PolicyLoadError(f"--driver {driver}: building the policy did not return within {timeout_s:g} s") \
+            from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # sys.exit() in a factory is the factory's failure, not the command's exit
+        detail = " ".join(str(exc).split())[:400]
+        raise PolicyLoadError(f"--driver {driver}: building the policy raised {type(exc).__name__}"
+                              + (f": {detail}" if detail else "")) from None
+    spare: list[Policy] = [first]
+    lock = threading.Lock()
+
+    def make_again() -> Policy:
+        with lock:
+            if spare:
+                return spare.pop()
+        return make()
+
+    return make_again

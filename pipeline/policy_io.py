@@ -26,11 +26,18 @@ def task_features(info: TaskInfo) -> dict[str, tuple[int, ...]]:
     return features
 
 
+def _read_only(value: object) -> np.ndarray:
+    view = np.asarray(value).view()
+    view.flags.writeable = False
+    return view
+
+
 def features_of(observation: RecordedObservation) -> dict[str, np.ndarray]:
-    """A recorded observation as the driver sees it (the dataset's feature names)."""
-    out = {name: np.asarray(value) for name, value in observation.state.items()}
+    """A recorded observation as the driver sees it (the dataset's feature names): read-only views of the arrays
+    the frame records, so a policy that writes into its input fails (naming it) instead of changing the data."""
+    out = {name: _read_only(value) for name, value in observation.state.items()}
     for camera, image in observation.images.items():
-        out[camera_key(camera)] = np.asarray(image)
+        out[camera_key(camera)] = _read_only(image)
     return out
 
 

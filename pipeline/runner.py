@@ -30,14 +30,15 @@ from demoforge.pipeline.environment import prepare_process
 from demoforge.storage.faults import stage_delays
 from demoforge.pipeline.job import JobSpec
 from demoforge.pipeline.rerender import build_job_env
-from demoforge.pipeline.tasks.registry import get_task
+from demoforge.pipeline.tasks.registry import TaskInfo, get_task
 from demoforge.pipeline.workers.config import ExecutorConfig
 from demoforge.pipeline.workers.driver import RemoteExecutor, WorkerCount
 from demoforge.stages.commit import commit_stage
 from demoforge.stages.context import BusyMeter, StageContext
+from demoforge.stages.control import ControlError, Policy, check_segments
 from demoforge.stages.plan import EpisodePlanner, RunawayStop
 from demoforge.stages.records import EncodedRecord, EpisodeAssignment, StagedAttempt, StagedRecord
-from demoforge.stages.settings import encoder_placement
+from demoforge.stages.settings import JobConfigError, encoder_placement
 from demoforge.stages.step import StepSettings, step_stage
 from demoforge.stages.write import write_stage
 from demoforge.storage.recovery import RecoveryReport
@@ -115,26 +116,24 @@ class JobReport:
 
 class JobRunner:
     """One run of a job on a store. ``stop()`` (thread-safe) ends it early: in-flight attempts are
-    discarded, committed ones kept."""
+    discarded, committed ones kept. ``fixed_episodes``: run episode indices ``0..episodes-1`` once each (of every
+    member of a suite) and end, an abandoned episode reported and not replaced (an evaluation: a policy that
+    fails an episode has failed it)."""
 
     def __init__(self, spec: JobSpec, store_dir: Path | str,
                  on_progress: Callable[[JobStats], None] | None = None,
                  on_outcome: Callable[[StagedAttempt], None] | None = None,
-                 executor: ExecutorConfig | None = None, on_event: Callable[[str], None] | None = None) -> None:
+                 executor: ExecutorConfig | None = None, on_event: Callable[[str], None] | None = None,
+                 fixed_episodes: bool = False) -> None:
         self.spec = spec
         self.executor = executor or ExecutorConfig(workers=spec.workers)
         self.on_event = on_event  # one-line notes of a scale-out executor: workers started, lost, replaced
         self.store_dir = Path(store_dir)
+        self.fixed_episodes = fixed_episodes or spec.rerender is not None
         self.entry = get_task(spec.task)
         self.info = self.entry.info(spec.task_options)
         spec.check_control(self.info)  # before any worker or store: a control that cannot apply is refused
-        self.make_policy = None
-        if spec.control is not None and spec.control.driver is not None:
-            from demoforge.pipeline.policies import check_driver, policy_factory
-
-            self.make_policy = policy_factory(spec.control.driver, self.info)
-            if self.executor.remote:
-                check_driver(self.make_policy, spec.control.driver)  # workers load it again; a bad one fails here
+        self.make_policy = _check_policy_control(spec, self.info)  # built once here, whatever the executor
         self.layout = spec.layout(self.info)
         self.target = spec.target(self.info)
         self.on_progress = on_progress
@@ -191,7 +190,7 @@ class JobRunner:
             resume = store.catalog.resume_state()
             planner = self._planner = EpisodePlanner(
                 spec.episodes, resume, spec.max_attempts, spec.max_consecutive_abandoned, self.layout,
-                index_limit=spec.episodes if spec.rerender is not None else None)
+                index_limit=spec.episodes if self.fixed_episodes else None)
             self._token = anyio.lowlevel.current_token()
             self._loop_thread = threading.get_ident()
             stats = self.stats
@@ -288,6 +287,28 @@ class JobRunner:
                 self._stop.set()
                 if self._planner is not None:
                     self._planner.stop()
+
+
+def _check_policy_control(spec: JobSpec, info: TaskInfo) -> Callable[[], Policy] | None:
+    """Refuse what the job's control cannot do with this task (noise in segments it does not have, a policy
+    time limit the env watchdog would beat) and build its driver once, before any worker or store: a driver that
+    cannot be built is refused naming ``--driver`` (exit 2, nothing written). Returns the policies' builder."""
+    control = spec.control
+    if control is None:
+        return None
+    try:
+        check_segments(control, info.segment_names, info.name)
+    except ControlError as exc:
+        raise JobConfigError(str(exc)) from None
+    if control.driver is None:
+        return None
+    timeout, watchdog = control.policy_timeout_s, spec.step_timeout_s
+    if timeout is not None and watchdog is not None and timeout >= watchdog:
+        raise JobConfigError(f"--policy-timeout {timeout:g} s must be below the step timeout ({watchdog:g} s, "
+                             "--step-timeout), which would otherwise end the attempt first and blame the env")
+    from demoforge.pipeline.policies import check_driver, policy_factory
+
+    return check_driver(policy_factory(control.driver, info), control.driver)
 
 
 def run_job(spec: JobSpec, store_dir: Path | str, on_progress: Callable[[JobStats], None] | None = None,

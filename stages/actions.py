@@ -23,8 +23,12 @@ def default_hold_action(action_space: gym.Space) -> np.ndarray:
     return np.zeros(action_space.shape, dtype=action_space.dtype)
 
 
-def check_action(action: Any, space: gym.Space) -> np.ndarray:
-    """A finite numeric array of the action space's shape, or an :class:`ActionError` saying what is off."""
+def check_action(action: Any, space: gym.Space, *, clip: bool = False) -> np.ndarray:
+    """A finite numeric array of the action space's shape, or an :class:`ActionError` saying what is off.
+
+    ``clip``: clip to a Box space's bounds, as the env clips what it is stepped with (a driving policy's action:
+    what is recorded as executed is what the env executed). Clipped before the cast, so a value beyond the
+    space's dtype (1e39 for float32) clips instead of turning into inf; without ``clip`` such a value is refused."""
     try:
         array = np.asarray(action)
     except Exception as exc:  # ragged lists etc.
@@ -36,5 +40,15 @@ def check_action(action: Any, space: gym.Space) -> np.ndarray:
         raise ActionError(f"action has shape {array.shape}; the env expects {tuple(expected)}")
     if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
         raise ActionError(f"action contains NaN or inf: {np.array2string(array, precision=3)}")
+    low, high = getattr(space, "low", None), getattr(space, "high", None)
+    if clip and low is not None and high is not None:
+        array = np.clip(array.astype(np.float64), low, high)
     dtype = getattr(space, "dtype", None)
-    return array.astype(dtype, copy=False) if dtype is not None else array
+    if dtype is None:
+        return array
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = array.astype(dtype, copy=False)
+    if cast.dtype != array.dtype and cast.dtype.kind == "f" and not np.all(np.isfinite(cast)):
+        raise ActionError(f"action {np.array2string(array, precision=3)} does not fit the action space's dtype "
+                          f"{np.dtype(dtype)} (it overflows to inf)")
+    return cast

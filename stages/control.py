@@ -14,13 +14,19 @@ thread, process or Ray worker makes the same episode for the same seed.
   absolute difference over the action's dimensions) for ``steps`` steps in a row, the expert drives until its
   phase (the segment) advances past the one where it took over.
 Only a task whose expert can label states it did not choose (a reactive expert) may be driven this way.
+
+The policy boundary (:class:`GuardedPolicy`): whatever a driving policy does (raises, calls ``sys.exit``, hangs
+past ``policy_timeout_s``, returns NaN, the wrong shape or dtype) ends its attempt with a :class:`PolicyError`
+that names ``--driver``; a huge action is clipped to the action space's bounds, as the env clips it.
 """
 
 from __future__ import annotations
 
 import math
+import queue
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,15 +34,35 @@ import gymnasium as gym
 import numpy as np
 
 from demoforge.stages.actions import check_action
-from demoforge.stages.contract import POLICY_DRIVER, RecordedObservation, TaskError
+from demoforge.stages.contract import POLICY_DRIVER, ActionError, DemoError, RecordedObservation
 
 EXECUTED_ACTION = "executed_action"  # the action the env was stepped with, per frame
 INTERVENTION = "intervention"  # 1 where the expert drove because a takeover rule fired, else 0
 NOISE_SALT, POLICY_SALT = 0x4E015E, 0xBE7A  # separate generators for noise and for the beta draw
+# How long one call of a driving policy (act, reset) may take before its attempt fails (--policy-timeout). Below
+# the env workers' step watchdog (60 s by default), which would otherwise fire first and blame the env.
+DEFAULT_POLICY_TIMEOUT_S = 30.0
 
 
 class ControlError(ValueError):
     """A control option (noise, driver, beta, takeover) is malformed; the message names it."""
+
+
+class PolicyError(DemoError, RuntimeError):
+    """The driving policy (``--driver``) failed its attempt: it raised or exited, did not return within its time
+    limit, or returned something that is not an action of the env. The message names the driver first."""
+
+    def __init__(self, message: str, *, driver: str = "?", **where: Any) -> None:
+        self.driver = driver
+        super().__init__(message, **where)
+
+    def _render(self) -> str:
+        where = [f"task {self.task!r}"]
+        if self.segment is not None:
+            where.append(f"segment {self.segment_id}:{self.segment!r}")
+        if self.step is not None:
+            where.append(f"step {self.step}")
+        return f"--driver {self.driver}: {self.detail} (at {', '.join(where)})"
 
 
 @dataclass(frozen=True)
@@ -67,12 +93,14 @@ class TakeoverRule:
 @dataclass(frozen=True)
 class ControlSpec:
     """How a job's attempts are driven (picklable; sent to every worker). ``driver``: the policy's reference
-    (``module:factory`` or a LeRobot checkpoint folder), None for the expert."""
+    (``module:factory`` or a LeRobot checkpoint folder), None for the expert. ``policy_timeout_s``: how long
+    one call of the policy may take (None: no limit); not part of the store's fingerprint."""
 
     noise: NoiseSpec | None = None
     driver: str | None = None
     beta: float = 0.0
     takeover: TakeoverRule | None = None
+    policy_timeout_s: float | None = DEFAULT_POLICY_TIMEOUT_S
 
     def describe(self) -> str:
         """Who drove, as the episode record and ``--keep-where`` name it: ``expert``, ``expert+noise`` or
@@ -131,11 +159,32 @@ def check_control(control: ControlSpec, action_shape: tuple[int, ...]) -> None:
         raise ControlError(f"--beta {control.beta:g}: must be in [0, 1]")
     if control.driver is None and (control.beta or control.takeover is not None):
         raise ControlError("--beta and --takeover need --driver (a policy to mix with or take over from)")
+    if control.driver is not None and not control.driver.strip():
+        raise ControlError("--driver '': name a LeRobot checkpoint folder or module:factory")
+    timeout = control.policy_timeout_s
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not 0 < timeout <= 86_400):
+        raise ControlError(f"--policy-timeout {timeout!r}: must be in (0, 86400] seconds")
     if control.noise is not None:
         dims = int(np.prod(action_shape))
         if len(control.noise.scales) not in (1, dims):
             raise ControlError(f"--noise {control.noise.text()!r}: {len(control.noise.scales)} scales for an "
                                f"action of {dims} dimensions; give one scale or {dims}")
+
+
+def check_segments(control: ControlSpec, segment_names: Sequence[str], task: str) -> None:
+    """Refuse ``--noise ...@SEGMENT`` naming a segment the task does not have (it would never apply)."""
+    noise = control.noise
+    if noise is None or not noise.segments:
+        return
+    wanted = noise.segments
+    if not segment_names:
+        raise ControlError(f"--noise {noise.text()!r}: task {task!r} declares no segment names, so noise "
+                           "cannot be limited to segments; leave out @SEGMENT")
+    unknown = [name for name in wanted if name not in segment_names]
+    if unknown:
+        raise ControlError(f"--noise {noise.text()!r}: task {task!r} has no segment "
+                           f"{', '.join(repr(n) for n in unknown)}; its segments are {', '.join(segment_names)}")
 
 
 # ------------------------------------------------------------------------------------------- policies
@@ -146,6 +195,124 @@ class Policy(Protocol):
     def act(self, observation: RecordedObservation) -> Any: ...
 
 
+def _describe(exc: BaseException) -> str:
+    """What a policy's exception says, on one line and bounded (it ends up in the catalog and in one-line
+    messages)."""
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r})"
+    text = " ".join(str(exc).split())
+    return f"raised {type(exc).__name__}" + (f": {text[:300]}" if text else "")
+
+
+class _CallTimeout(Exception):
+    """A call did not return within its limit; its thread was abandoned."""
+
+
+class _Reply:
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class BoundedCalls:
+    """Runs calls on a daemon thread of its own, so that one that does not return within its limit can be given
+    up: Python cannot stop a thread, so the hung one is left blocked (whatever it returns is dropped) and the next
+    call gets a fresh thread. An idle thread ends after ``idle_s``; the next call starts another."""
+
+    def __init__(self, name: str, idle_s: float = 5.0) -> None:
+        self.name = name
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], _Reply]] | None = None
+
+    def call(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float | None) -> _Reply:
+        """Run ``fn(*args)``; the reply holds its value or whatever it raised (BaseException included).
+        Raises :class:`_CallTimeout` when it has not returned within ``timeout_s`` (None: wait for ever)."""
+        reply = _Reply()
+        with self._lock:
+            if self._requests is None:
+                self._requests = queue.SimpleQueue()
+                threading.Thread(target=self._serve, args=(self._requests,), name=self.name, daemon=True).start()
+            self._requests.put((fn, args, reply))
+        if not reply.done.wait(timeout_s):
+            with self._lock:
+                if not reply.done.is_set():
+                    self._requests = None  # abandoned: the hung thread ends if its call ever returns
+                    raise _CallTimeout
+        return reply
+
+    def _serve(self, requests: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], _Reply]]) -> None:
+        while True:
+            try:
+                fn, args, reply = requests.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._requests is requests and not requests.empty():
+                        continue
+                    if self._requests is requests:
+                        self._requests = None
+                    return
+            try:
+                reply.value = fn(*args)
+            except BaseException as exc:  # anything the call does is the caller's to judge (SystemExit too)
+                reply.error = exc
+            reply.done.set()
+            del fn, args, reply
+            if self._requests is not requests:
+                return  # this thread was given up while its call ran
+
+
+def bounded_call(fn: Callable[[], Any], timeout_s: float | None, name: str) -> Any:
+    """``fn()`` on a thread of its own, given up after ``timeout_s``: raises what it raised (BaseException
+    included) or ``TimeoutError``."""
+    try:
+        reply = BoundedCalls(name, idle_s=0.0).call(fn, (), timeout_s)
+    except _CallTimeout:
+        raise TimeoutError(f"did not return within {timeout_s:g} s") from None
+    if reply.error is not None:
+        raise reply.error
+    return reply.value
+
+
+class GuardedPolicy:
+    """The policy boundary: a driving policy whose every call (``reset``, ``act``) runs on a thread of its own,
+    bounded by ``timeout_s`` (None: no limit). Anything the call does (raise, ``sys.exit``, not return in time)
+    becomes a :class:`PolicyError` naming ``driver``. After a call timed out the policy is ``hung``: its state is
+    unknown and its thread still busy, so the executor builds a new one for the next attempt."""
+
+    def __init__(self, policy: Policy, driver: str, timeout_s: float | None = DEFAULT_POLICY_TIMEOUT_S) -> None:
+        self.policy, self.driver, self.timeout_s = policy, driver, timeout_s
+        self.hung = False
+        self._calls = BoundedCalls(f"policy {driver}")
+
+    def reset(self) -> None:
+        reset = getattr(self.policy, "reset", None)
+        if callable(reset):
+            self.call("reset", reset)
+
+    def act(self, observation: RecordedObservation) -> Any:
+        return self.call("act", self.policy.act, observation)
+
+    def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.hung:
+            raise PolicyError(f"{what}(): an earlier call did not return, so the policy is not called again",
+                              driver=self.driver)
+        if self.timeout_s is None:
+            return _policy_call(self.driver, what, fn, *args)
+        try:
+            reply = self._calls.call(fn, args, self.timeout_s)
+        except _CallTimeout:
+            self.hung = True
+            raise PolicyError(f"{what}() did not return within {self.timeout_s:g} s (--policy-timeout); the call "
+                              "was abandoned", driver=self.driver) from None
+        if reply.error is not None:
+            raise PolicyError(f"{what}() {_describe(reply.error)}", driver=self.driver) from reply.error
+        return reply.value
+
+
 class AttemptControl:
     """One attempt's driving: chooses what is executed at each step and counts the expert's takeovers."""
 
@@ -153,6 +320,7 @@ class AttemptControl:
         if spec.driver is not None and policy is None:
             raise ValueError("a driven attempt needs its policy")
         self.spec, self.policy, self.action_space = spec, policy, action_space
+        self.driver = spec.driver or "?"
         self._noise_rng = np.random.default_rng([seed, NOISE_SALT])
         self._beta_rng = np.random.default_rng([seed, POLICY_SALT])
         self._low = getattr(action_space, "low", None)
@@ -162,7 +330,16 @@ class AttemptControl:
         self.interventions = 0  # takeovers
         reset = getattr(policy, "reset", None)
         if callable(reset):
-            _policy_call("reset", reset)
+            _policy_call(self.driver, "reset", reset)
+
+    def _proposal(self, observation: RecordedObservation) -> np.ndarray:
+        """The policy's action for ``observation``, checked and clipped to the action space as the env clips it."""
+        assert self.policy is not None
+        raw = _policy_call(self.driver, "act", self.policy.act, observation)
+        try:
+            return check_action(raw, self.action_space, clip=True)
+        except ActionError as exc:
+            raise PolicyError(f"act() returned an unusable action: {exc.detail}", driver=self.driver) from None
 
     def choose(self, label: np.ndarray, observation: RecordedObservation, segment_id: int,
                segment: str) -> tuple[np.ndarray, bool]:
@@ -170,7 +347,7 @@ class AttemptControl:
         ``observation`` (in segment ``segment_id`` named ``segment``)."""
         executed, intervened = label, False
         if self.policy is not None:
-            proposed = check_action(_policy_call("act", self.policy.act, observation), self.action_space)
+            proposed = self._proposal(observation)
             executed = proposed
             rule = self.spec.takeover
             if self._taken_at is not None and segment_id > self._taken_at:
@@ -199,8 +376,12 @@ class AttemptControl:
         return np.asarray(executed), intervened
 
 
-def _policy_call(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+def _policy_call(driver: str, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call the policy; anything it raises (``sys.exit`` too) is a :class:`PolicyError` naming ``driver``. A
+    :class:`GuardedPolicy` has done so already; Ctrl-C in the calling thread still stops the job."""
     try:
         return fn(*args)
-    except Exception as exc:
-        raise TaskError(f"the driving policy's {what}() raised {type(exc).__name__}: {exc}") from exc
+    except (PolicyError, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        raise PolicyError(f"{what}() {_describe(exc)}", driver=driver) from exc

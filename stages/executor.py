@@ -37,7 +37,15 @@ from demoforge.stages.contract import (
 )
 from demoforge.stages.actions import check_action, default_hold_action
 from demoforge.stages.attempts import RetryPolicy
-from demoforge.stages.control import EXECUTED_ACTION, INTERVENTION, AttemptControl, ControlSpec, Policy
+from demoforge.stages.control import (
+    EXECUTED_ACTION,
+    INTERVENTION,
+    AttemptControl,
+    ControlSpec,
+    GuardedPolicy,
+    Policy,
+    PolicyError,
+)
 from demoforge.stages.task_protocol import (
     ChecksSuccess,
     GivesInstruction,
@@ -201,8 +209,15 @@ class _Attempt:
         self.instruction: str | None = None
         self.randomization: Mapping[str, Any] | None = None
         self.result: EpisodeResult | None = None
-        recorder, judge = task_capability(env, RecordsObservation), task_capability(env, ChecksSuccess)
-        self._record: Callable[[Any], Any] = recorder.demo_record if recorder is not None else default_record
+        self._record: Callable[[Any], Any] = default_record
+        self._success: Callable[[Any, Any], Any] | None = None
+        self.bind_task()
+
+    def bind_task(self) -> None:
+        """Find the recorder and success check on the env as it is now: a suite becomes the episode's member
+        after the attempt is made (demo_select_episode), and that member records and judges the episode."""
+        recorder, judge = task_capability(self.env, RecordsObservation), task_capability(self.env, ChecksSuccess)
+        self._record = recorder.demo_record if recorder is not None else default_record
         self._success = judge.demo_success if judge is not None else None
 
     @property
@@ -504,7 +519,9 @@ class Executor:
     ``interrupt`` is polled before every env step; when it returns True every active attempt ends as
     ``interrupted`` and :meth:`run` returns. ``cameras``, the task's declared cameras, says which images are
     depth (checked as float metres); without it every image must be RGB. ``control`` says who drives
-    (stages/control.py); a driven job's ``make_policy`` builds one policy per row (policies keep state).
+    (stages/control.py); a driven job's ``make_policy`` builds one policy per row (policies keep state), called
+    through the policy boundary (control.GuardedPolicy: a failing, exiting or hanging policy fails its attempt,
+    named), and built again after a call that did not return.
     ``keep_failures``: a failed attempt of a kept kind (contract.KEEPABLE_FAILURES) ends with ``kept`` set, so
     its frames become an episode of their own; its slot is retried as after any failure.
     """
@@ -528,14 +545,24 @@ class Executor:
         self.control = control
         self.keep_failures = keep_failures
         self._make_policy = make_policy
-        self._policies: list[Policy | None] = [None] * self.rows.n  # one per row: policies keep state
+        self._policies: list[GuardedPolicy | None] = [None] * self.rows.n  # one per row: policies keep state
 
     def _policy(self, row: int) -> Policy | None:
+        """The row's policy (built on first use, and again after one of its calls hung); a factory that fails
+        is a :class:`PolicyError` that fails the attempt."""
         if self._make_policy is None or self.control is None or self.control.driver is None:
             return None
         policy = self._policies[row]
-        if policy is None:
-            policy = self._policies[row] = self._make_policy()
+        if policy is None or policy.hung:
+            driver = self.control.driver
+            try:
+                built = self._make_policy()
+            except (PolicyError, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                raise PolicyError(f"building the policy raised {type(exc).__name__}: {exc}"[:400],
+                                  driver=driver) from exc
+            policy = self._policies[row] = GuardedPolicy(built, driver, self.control.policy_timeout_s)
         return policy
 
     def _hold_action(self, row: int) -> np.ndarray:
@@ -561,6 +588,7 @@ class Executor:
             if suite is not None:  # a suite: become the member this episode belongs to, named as its task
                 att.task = str(att._task_call("demo_select_episode", suite.demo_select_episode, key.episode_index)
                                or self.task)
+                att.bind_task()
             seeder = task_capability(att.env, SeedsAttempt)
             if seeder is not None:  # a task that plays recorded episodes back (rerender) keeps their seeds
                 seed = att.seed = int(att._task_call("demo_attempt_seed", seeder.demo_attempt_seed, key.episode_index))

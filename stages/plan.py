@@ -49,7 +49,8 @@ class EpisodePlanner:
                  max_consecutive_abandoned: int = DEFAULT_MAX_CONSECUTIVE_ABANDONED,
                  layout: EpisodeLayout | None = None, index_limit: int | None = None) -> None:
         self.layout = layout or EpisodeLayout()
-        # A fixed set of episodes (a rerender: indices 0..limit-1, each run once): abandoned ones are not replaced
+        # A fixed set of episodes (a rerender, an evaluation: indices 0..limit-1 of each member, each run once):
+        # abandoned ones are not replaced
         self.index_limit = index_limit
         self.target = target
         self.max_consecutive_abandoned = max_consecutive_abandoned
@@ -74,7 +75,8 @@ class EpisodePlanner:
     @property
     def done(self) -> bool:
         """Every member that is still planned has its target (or, with an index limit, every index has run)."""
-        if self.index_limit is not None and not self.in_flight and self._next_index(0) >= self.index_limit:
+        if self.index_limit is not None and not self.in_flight and all(
+                self._next_index(g) >= self.layout.index(g, self.index_limit) for g in range(self.layout.groups)):
             return True
         return all(self._committed_in[group] >= self.target for group in range(self.layout.groups)
                    if group not in self.given_up)
@@ -139,7 +141,8 @@ class EpisodePlanner:
         """The first member whose committed and in-flight episodes are below the target, if any."""
         in_flight = Counter(self.layout.group(i) for i in self.in_flight)
         for group in range(self.layout.groups):
-            if self.index_limit is not None and self._next_index(group) >= self.index_limit:
+            limit = self.index_limit
+            if limit is not None and self._next_index(group) >= self.layout.index(group, limit):
                 continue
             if group not in self.given_up and self._committed_in[group] + in_flight[group] < self.target:
                 return group

@@ -5,7 +5,10 @@ camera-less, so the episodes are real and cheap."""
 from __future__ import annotations
 
 import json
+import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -34,9 +37,9 @@ pytestmark = pytest.mark.slow  # subprocess jobs of real simulators (the quick t
 PUSH = ("--task", "metaworld-push-v3", "--option", "camera=none", "--option", "full_state=true")
 
 
-def push_env():
+def push_env(**options):
     entry = get_task("metaworld-push-v3")
-    options = entry.resolve_options({"camera": "none", "full_state": True})
+    options = entry.resolve_options({"camera": "none", "full_state": True, **options})
     return entry.build(options), entry.info(options)
 
 
@@ -196,6 +199,16 @@ def test_the_process_executor_makes_the_same_driven_episodes_as_threads(tmp_path
     (("--driver", "toy_policies:down", "--beta", "1.5"), "--beta 1.5: must be in [0, 1]"),
     (("--beta", "0.5"), "--beta and --takeover need --driver"),
     (("--driver", "toy_policies:down", "--takeover", "slow"), "--takeover 'slow': unknown rule"),
+    (("--noise", "gaussian:0.1@nosuchseg"), "task 'metaworld-push-v3' has no segment 'nosuchseg'; its segments are "
+                                            "reach, descend, grasp, push"),
+    (("--takeover", ""), "--takeover '': --beta and --takeover need --driver"),
+    (("--beta", "0"), "--beta 0.0: --beta and --takeover need --driver"),
+    (("--driver", "toy_policies:down", "--takeover", ""), "--takeover '': unknown rule"),
+    (("--driver", ""), "--driver '': name a LeRobot checkpoint folder or module:factory"),
+    (("--driver", "toy_policies:down", "--policy-timeout", "90"), "--policy-timeout 90 s must be below the step "
+                                                                  "timeout (60 s, --step-timeout)"),
+    (("--driver", "toy_policies:unbuildable"), "--driver toy_policies:unbuildable: building the policy raised "
+                                               "RuntimeError: the factory cannot build the policy"),
     (("--driver", "no_such_module:make"), "--driver no_such_module:make: importing module 'no_such_module'"),
     (("--driver", "missing/pretrained_model"), "--driver 'missing/pretrained_model': no such folder"),
     (("--driver", "."), "not a LeRobot policy checkpoint (no config.json"),
@@ -217,19 +230,104 @@ def test_an_expert_that_cannot_label_other_states_is_refused_at_start(tmp_path) 
     assert not store.exists()
 
 
-def test_a_failing_policy_fails_its_attempt_naming_the_policy() -> None:
-    env, info = push_env()
+def driven_ends(env, info, driver: str, **control) -> tuple[list[AttemptEnded], list[Frame]]:
+    """One episode of two attempts driven by ``driver`` (a toy policy): the attempts' ends and the frames."""
     from demoforge.pipeline.policies import policy_factory
 
-    control = ControlSpec(driver="toy_policies:broken")
+    records = list(run_episodes(env, task=info.name, episodes=1, max_attempts=2,
+                                control=ControlSpec(driver=driver, **control),
+                                make_policy=policy_factory(driver, info)))
+    return [r for r in records if isinstance(r, AttemptEnded)], [r for r in records if isinstance(r, Frame)]
+
+
+def test_the_policy_boundary_fails_the_attempt_naming_the_driver() -> None:
+    """Whatever a policy does (raises, calls sys.exit, returns NaN, the wrong shape or dtype, writes into the
+    arrays the frame records) fails its attempt with a PolicyError whose message starts with the --driver, and
+    the next attempt runs."""
+    env, info = push_env()
+    cases = {"broken": "act() raised RuntimeError: the policy's weights are gone",
+             "exits": "act() called sys.exit(3)",
+             "nan": "act() returned an unusable action: action contains NaN or inf: [nan nan nan nan]",
+             "wrong_shape": "act() returned an unusable action: action has shape (3,); the env expects (4,)",
+             "wrong_dtype": "act() returned an unusable action: action has dtype <U2; expected a numeric array",
+             "writes_its_input": "act() raised ValueError: output array is read-only"}
     try:
-        records = list(run_episodes(env, task=info.name, episodes=1, max_attempts=2, control=control,
-                                    make_policy=policy_factory("toy_policies:broken", info)))
+        for name, detail in cases.items():
+            ends, _ = driven_ends(env, info, f"toy_policies:{name}")
+            assert len(ends) == 2, name
+            for end in ends:
+                assert end.result.terminal_reason is TerminalReason.ERROR and end.result.error_type == "PolicyError"
+                assert (end.result.error or "").startswith(f"--driver toy_policies:{name}: {detail} (at task "
+                                                           "'metaworld-push-v3', segment 0:'reach', step 0)"), \
+                    end.result.error
     finally:
         env.close()
-    ends = [r for r in records if isinstance(r, AttemptEnded)]
-    assert len(ends) == 2 and all(e.result.terminal_reason is TerminalReason.ERROR for e in ends)
-    assert "the driving policy's act() raised RuntimeError: the policy's weights are gone" in (ends[0].result.error or "")
+
+
+def test_a_hanging_policy_is_abandoned_at_its_time_limit_and_built_again() -> None:
+    """A policy call that does not return fails its attempt after policy_timeout_s, naming the driver; the hung
+    policy is not called again: the next attempt builds a new one."""
+    import toy_policies
+
+    env, info = push_env()
+    built = toy_policies.BUILT["hangs"]
+    try:
+        ends, _ = driven_ends(env, info, "toy_policies:hangs", policy_timeout_s=0.2)
+    finally:
+        toy_policies.RELEASE.set()  # the abandoned threads return and end
+        env.close()
+    assert [e.result.error_type for e in ends] == ["PolicyError", "PolicyError"]
+    assert all((e.result.error or "").startswith("--driver toy_policies:hangs: act() did not return within 0.2 s "
+                                                 "(--policy-timeout); the call was abandoned") for e in ends), ends
+    assert toy_policies.BUILT["hangs"] - built == 2  # one per attempt: the hung one is not called again
+
+
+def test_a_huge_policy_action_is_executed_and_recorded_clipped() -> None:
+    """An action of 1e30 is clipped to the action space's bounds, as the env clips it: executed_action records
+    what the env executed, never 1e30 (whose statistics overflow)."""
+    env, info = push_env(max_steps=5)
+    try:
+        ends, frames = driven_ends(env, info, "toy_policies:huge")
+    finally:
+        env.close()
+    assert [e.result.terminal_reason for e in ends] == [TerminalReason.TRUNCATED]  # a kept policy failure
+    executed = np.stack([f.state[EXECUTED_ACTION] for f in frames])
+    assert len(frames) == 5 and (executed == 1.0).all(), executed
+
+
+def test_the_policy_boundary_catches_what_a_policy_call_does_itself() -> None:
+    """The boundary alone: a value, an exception, SystemExit and a call past its limit, each its own way."""
+    from demoforge.stages.control import GuardedPolicy, PolicyError
+
+    release = threading.Event()
+
+    class Moody:
+        def __init__(self) -> None:
+            self.mode = "ok"
+
+        def act(self, observation):
+            if self.mode == "exit":
+                sys.exit("bye")
+            if self.mode == "hang":
+                release.wait()
+            return observation
+
+    policy = Moody()
+    seven: Any = 7  # what the policy sees does not matter here
+    guarded = GuardedPolicy(policy, "mine:moody", timeout_s=0.2)
+    assert guarded.act(seven) == 7
+    policy.mode = "exit"
+    with pytest.raises(PolicyError, match=r"^--driver mine:moody: act\(\) called sys.exit\('bye'\)"):
+        guarded.act(seven)
+    policy.mode = "hang"
+    try:
+        with pytest.raises(PolicyError, match="did not return within 0.2 s"):
+            guarded.act(seven)
+        assert guarded.hung
+        with pytest.raises(PolicyError, match="an earlier call did not return"):
+            guarded.act(seven)
+    finally:
+        release.set()
 
 
 def test_eval_of_the_expert_as_a_policy_gives_the_experts_own_success(tmp_path) -> None:
@@ -250,6 +348,70 @@ def test_eval_of_the_expert_as_a_policy_gives_the_experts_own_success(tmp_path) 
     assert report["reach"][info.segment_names[-1]] >= 0.75
     low, high = report["ci95"]
     assert low <= report["success_rate"] <= high
+
+
+REACH = ("--task", "metaworld-reach-v3", "--option", "image_size=64", "--option", "antialias=false")
+
+
+def test_eval_of_a_failing_exiting_or_hanging_policy_counts_failed_episodes_and_ends(tmp_path) -> None:
+    """`eval` runs each of its N episodes once: one whose policy failed is a failed episode with its reason,
+    never replaced (a failing policy used to be evaluated for ever), on either executor; a policy call that
+    hangs is given up at --policy-timeout and sys.exit() in a policy is its failure, not the command's exit."""
+    done = run_cli("eval", *REACH, "--driver", "toy_policies:nan", "--episodes", "2", "--json", timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["episodes"], report["successes"], report["errors"]) == (2, 0, 2), report
+    assert all(e["outcome"].startswith("error: --driver toy_policies:nan: act() returned an unusable action: action "
+                                       "contains NaN") for e in report["per_episode"]), report
+    exits = run_cli("eval", *REACH, "--driver", "toy_policies:exits", "--episodes", "1", "--executor", "process",
+                    timeout=120)
+    assert exits.returncode == 0, exits.stderr
+    assert "success 0/1 = 0%" in exits.stdout and "1 x error: --driver toy_policies:exits: act() called sys.exit(3)" \
+        in exits.stdout, exits.stdout
+    store = tmp_path / "rollouts"
+    hangs = run_cli("eval", *REACH, "--driver", "toy_policies:hangs", "--episodes", "1", "--policy-timeout", "0.5",
+                    "--store", str(store), timeout=120)
+    assert hangs.returncode == 0, hangs.stderr
+    assert "1 episode(s) ended by an error" in hangs.stdout and "1 x error: --driver toy_policies:hangs: act() did " \
+        "not return within 0.5 s (--policy-timeout)" in hangs.stdout, hangs.stdout
+    assert [r.state for r in attempts_now(store)] == ["discarded"]
+
+
+def test_generate_stops_a_policy_that_fails_every_attempt_naming_the_driver(tmp_path) -> None:
+    done = run_cli("generate", *REACH, "--codec", "h264", "--episodes", "1", "--driver", "toy_policies:exits",
+                   "--max-attempts", "1", "--max-consecutive-abandoned", "1", "--store", str(tmp_path / "s"),
+                   timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "last error: --driver toy_policies:exits: act() called sys.exit(3)" in done.stderr, done.stderr
+    assert "fix the policy (--driver toy_policies:exits)" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_fixed_set_of_episodes_runs_each_index_of_every_member_once() -> None:
+    """An evaluation's planner (index_limit): each of the N indices of every member of a suite runs once and an
+    abandoned one is not replaced, so the job ends."""
+    import anyio
+
+    from demoforge.stages.plan import EpisodePlanner
+    from demoforge.stages.records import EpisodeAssignment, EpisodeLayout
+    from demoforge.storage.catalog import ResumeState
+
+    planner = EpisodePlanner(2, ResumeState(frozenset(), {}), max_attempts=1, max_consecutive_abandoned=0,
+                             layout=EpisodeLayout(2), index_limit=2)
+
+    async def drive() -> list[int]:
+        send, receive = anyio.create_memory_object_stream[EpisodeAssignment](0)
+        planned = []
+        with anyio.fail_after(10):  # an abandoned index replaced would plan for ever
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(planner.run, send)
+                async with receive:
+                    async for assignment in receive:
+                        planned.append(assignment.episode_index)
+                        planner.finished(assignment.episode_index, committed=False, last_error="the policy failed")
+        return planned
+
+    assert anyio.run(drive) == [0, 1, 1_000_000, 1_000_001]
+    assert planner.done
 
 
 @pytest.fixture(scope="module")
@@ -281,6 +443,49 @@ def test_a_lerobot_checkpoint_drives_and_one_of_other_features_is_refused(tmp_pa
     assert no_env_state.returncode == 2 and "observation.environment_state (39,) (the task records no such " \
         "feature)" in no_env_state.stderr, no_env_state.stderr
     assert not (tmp_path / "s").exists()
+
+
+def _spoil(folder: Path, how: str) -> None:
+    if how == "no weights":
+        (folder / "model.safetensors").unlink()
+    elif how == "truncated weights":
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:5000])
+    elif how == "no preprocessor":
+        (folder / "policy_preprocessor.json").unlink()
+    elif how == "truncated preprocessor state":
+        (state,) = folder.glob("policy_preprocessor_step_*.safetensors")
+        state.write_bytes(state.read_bytes()[:100])
+    else:
+        (folder / "config.json").write_text(how)
+
+
+@pytest.mark.parametrize("how, message", [
+    ("no weights", "building the policy raised FileNotFoundError"),
+    ("truncated weights", "building the policy raised SafetensorError"),
+    ("no preprocessor", "building the policy raised"),
+    ("truncated preprocessor state", "building the policy raised"),
+    ('{"type": "act"}', "config.json declares no input"),
+    ('{"type": ', "not a LeRobot policy checkpoint"),
+])
+def test_a_broken_checkpoint_is_refused_before_anything_is_written(tmp_path, act_checkpoints, how, message) -> None:
+    """A checkpoint whose weights or processors are missing or cut, or whose config declares nothing: one
+    PolicyLoadError naming --driver where the job starts (the CLI's one line, exit 2), whatever the executor."""
+    import shutil
+
+    from demoforge.pipeline.policies import check_driver, policy_factory
+    from demoforge.pipeline.policy_io import PolicyLoadError
+
+    folder = tmp_path / "pretrained_model"
+    shutil.copytree(act_checkpoints / "push", folder)
+    _spoil(folder, how)
+    entry = get_task("metaworld-push-v3")
+    info = entry.info(entry.resolve_options({"camera": "none", "full_state": True}))
+    with pytest.raises(PolicyLoadError) as refused:
+        check_driver(policy_factory(str(folder), info), str(folder))
+    text = str(refused.value)
+    assert text.startswith("--driver ") and folder.name in text.split(":")[0], text
+    assert message in text and "\n" not in text and len(text) < 700, text
 
 
 def test_a_killed_noise_job_resumes_to_the_same_episodes(tmp_path) -> None:

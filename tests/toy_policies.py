@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import numpy as np
 
 from demoforge.pipeline.tasks.metaworld import ENV_STATE_KEY, MetaWorldExpert
@@ -37,6 +40,55 @@ def broken():
     def act(features):
         raise RuntimeError("the policy's weights are gone")
     return act
+
+
+# Hostile policies: the policy boundary (stages/control.py GuardedPolicy) turns each into a failed attempt that
+# names the driver.
+def nan():
+    return lambda features: np.full(4, np.nan, dtype=np.float32)
+
+
+def huge():
+    return lambda features: np.full(4, 1e30, dtype=np.float32)
+
+
+def wrong_shape():
+    return lambda features: np.zeros(3, dtype=np.float32)
+
+
+def wrong_dtype():
+    return lambda features: np.array(["up", "up", "up", "up"])
+
+
+def exits():
+    def act(features):
+        sys.exit(3)
+    return act
+
+
+def writes_its_input():
+    def act(features):
+        features["observation.state"] += 1.0  # would change the recorded frame
+        return DOWN.copy()
+    return act
+
+
+RELEASE = threading.Event()  # set by a test to let the hanging policies' abandoned threads end
+BUILT = {"hangs": 0}
+
+
+def hangs():
+    """A policy whose every call blocks (until RELEASE); counts how often it was built."""
+    BUILT["hangs"] += 1
+
+    def act(features):
+        RELEASE.wait()
+        return DOWN.copy()
+    return act
+
+
+def unbuildable():
+    raise RuntimeError("the factory cannot build the policy")
 
 
 def write_act_checkpoint(folder, state_dim: int = 4, env_state_dim: int = 39) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from demoforge.pipeline.cli.common import EXIT_OK, add_command, add_randomize_option, make_console, task_options
 from demoforge.pipeline.workers.config import ExecutorConfig
+from demoforge.stages.control import DEFAULT_POLICY_TIMEOUT_S
 
 # Imported where used: the job runner (zarr, PyAV, the simulators), which `demoforge --help` need not load.
 
@@ -33,6 +34,9 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--executor", choices=["thread", "process"], default="thread",
                    help="where the episodes run (default: thread)")
     p.add_argument("--workers", type=int, default=1, help="parallel env workers (default: 1)")
+    p.add_argument("--policy-timeout", type=float, default=DEFAULT_POLICY_TIMEOUT_S, metavar="SECONDS",
+                   help="seconds one call of the policy may take; a call that takes longer fails its episode "
+                        "(counted, with the reason) and the policy is loaded again for the next one (0: no limit)")
     p.add_argument("--store", type=Path, default=None,
                    help="keep the rollouts as a store there (each frame labelled by the expert; exportable); "
                         "default: none kept")
@@ -46,30 +50,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.episodes < 1:
         raise JobConfigError(f"--episodes must be >= 1, got {args.episodes}")
+    if not args.policy_timeout >= 0:  # NaN too
+        raise JobConfigError(f"--policy-timeout must be >= 0 seconds (0: no limit), got {args.policy_timeout}")
     err = make_console(stderr=True)
     executor = ExecutorConfig(kind=args.executor, workers=args.workers)
     last = [-1]
 
     def on_progress(stats) -> None:
-        if stats.total_committed != last[0] and (stats.total_committed % 10 == 0
-                                                 or stats.total_committed >= stats.target):
-            last[0] = stats.total_committed
-            err.print(f"eval: {stats.total_committed}/{stats.target} episodes", markup=False)
+        # Episodes run: committed, and ended by an error (each episode runs once; an interrupted attempt reruns)
+        ran = stats.total_committed + sum(n for reason, n in stats.discarded.items() if reason != "interrupted")
+        if ran != last[0] and (ran % 10 == 0 or ran >= stats.target):
+            last[0] = ran
+            err.print(f"eval: {ran}/{stats.target} episodes", markup=False)
 
     report = evaluate(args.task, args.driver, args.episodes, seed=args.seed, task_options=task_options(args),
                       executor=executor, store=args.store, on_progress=on_progress,
-                      on_event=lambda line: err.print(line, markup=False))
+                      on_event=lambda line: err.print(line, markup=False),
+                      policy_timeout_s=args.policy_timeout or None)
     out = make_console()
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return EXIT_OK
     low, high = report.interval
     n = len(report.episodes)
-    errors = sum(e.outcome.startswith("error") for e in report.episodes)
+    errors = report.errors
     out.print(f"{report.task}, driver {report.driver}: success {report.successes}/{n} = {report.success_rate:.0%} "
               f"(95% CI {low:.0%}-{high:.0%}), mean length {report.mean_length:.1f} frames"
-              + (f", {errors} episode(s) ended by an error" if errors else "")
+              + (f", {sum(errors.values())} episode(s) ended by an error (counted as failed)" if errors else "")
               + f"; seed {report.seed}, {report.elapsed_s:.1f} s", markup=False, highlight=False)
+    for reason, count in list(errors.items())[:3]:  # why, most frequent first
+        out.print(f"  {count} x {reason}", markup=False, highlight=False)
     if report.reach:
         out.print("reach (episodes that got at least as far as each of the expert's phases): "
                   + ", ".join(f"{name} {share:.0%}" for name, share in report.reach.items()), markup=False,
