@@ -88,7 +88,7 @@ class JobSpec:
             raise JobConfigError(str(exc)) from None
         if not info.labels_any_state:
             what = "--driver" if self.control.driver else "--noise"
-            raise JobConfigError(f"{what}: task {info.name!r}'s expert cannot label states it did not choose (it "
+            raise JobConfigError(f"{what}: the expert of task {info.name!r} cannot label states it did not choose (it "
                                  "plans ahead instead of reacting to each observation), so its labels of noisy or "
                                  "policy-driven states would be wrong; `demoforge tasks NAME` says whether a "
                                  "task's expert labels any state (Meta-World's do)")

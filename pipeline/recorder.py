@@ -62,6 +62,8 @@ from demoforge.storage.store import Store, open_store
 RECORDER_TASK = "recorder"
 #: The segment of frames added without ``segment=``.
 DEFAULT_SEGMENT = "episode"
+#: The longest ``task`` or ``instruction=`` text (characters): one cap for every language string a frame carries.
+MAX_TEXT_CHARS = 1000
 _CAMERA_PREFIX = camera_key("")  # "observation.images."
 #: Columns demoforge writes itself: a recorder's features may not declare them.
 _RESERVED = frozenset({*AUTOMATIC_COLUMNS, *OUTCOME_COLUMNS, *LANGUAGE_FEATURES, "next.reward", "task",
@@ -128,10 +130,9 @@ class RecorderFeatures:
                                     "numeric features and RGB cameras ('video' or 'image', stored as video)")
             if not shape or not all(isinstance(n, int) and n > 0 for n in shape):
                 raise RecorderError(f"feature {key!r}: shape {shape} must be positive integers")
-            entry_names = spec.get("names")
-            if isinstance(entry_names, (list, tuple)) and len(shape) == 1 and len(entry_names) == shape[0] and \
-                    all(isinstance(n, str) for n in entry_names):
-                names[key] = tuple(entry_names)
+            entry_names = _entry_names(key, shape, spec.get("names"))
+            if entry_names is not None:
+                names[key] = entry_names
             if key == "action":
                 action = shape
             else:
@@ -172,6 +173,30 @@ class RecorderFeatures:
                                  f"RGB), got {got}")
             images[camera.name] = image
         return states, action, images
+
+
+def _entry_names(key: str, shape: tuple[int, ...], names: Any) -> tuple[str, ...] | None:
+    """A numeric feature's ``names``: None, or one distinct non-empty string per entry of a 1-D feature. Anything
+    else is refused rather than dropped: the dataset would silently lack names its features dict promised."""
+    if names is None:
+        return None
+    if len(shape) != 1:
+        raise RecorderError(f"feature {key!r}: names are recorded for 1-D features only (shape {shape}); give "
+                            "'names': None")
+    if not isinstance(names, (list, tuple)) or len(names) != shape[0] or \
+            not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        raise RecorderError(f"feature {key!r}: 'names' must be None or {shape[0]} distinct non-empty strings (one "
+                            f"per entry of shape {shape}), got {names!r}"[:300])
+    return tuple(names)
+
+
+def _text(what: str, value: Any) -> None:
+    """Refuse a language string (the task, an instruction) that is not a non-empty string of at most
+    ``MAX_TEXT_CHARS``: it is written into the episode's record and its language columns."""
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_TEXT_CHARS:
+        shown = f"{len(value)} characters" if isinstance(value, str) and len(value) > MAX_TEXT_CHARS else repr(value)
+        raise FrameError(f"{what}: expected a non-empty string of at most {MAX_TEXT_CHARS} characters, got "
+                         f"{shown}"[:300])
 
 
 def _numeric(key: str, value: Any, shape: tuple[int, ...]) -> np.ndarray:
@@ -328,9 +353,9 @@ class Recorder:
         if not isinstance(frame, Mapping):
             raise FrameError(f"a frame is a dict of feature name -> value, got {type(frame).__name__}")
         task = frame.get("task")
-        if not isinstance(task, str) or not task.strip() or len(task) > 1000:
-            raise FrameError("frame['task']: expected the episode's instruction, a non-empty string of at most "
-                             f"1000 characters, got {task!r}"[:300])
+        _text("frame['task'] (the episode's instruction)", task)
+        if instruction is not None:
+            _text("instruction", instruction)
         if self._task is not None and task != self._task:
             raise FrameError(f"frame['task'] changed within an episode ({self._task!r} -> {task!r}); one episode has "
                              "one task: name its parts with segment=")

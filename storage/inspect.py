@@ -54,7 +54,18 @@ class Inspection:
                 "frames": int(sum(lengths)), "outcomes": self.outcomes,
                 "episode_length": {"min": min(lengths, default=0), "max": max(lengths, default=0),
                                    "mean": round(float(np.mean(lengths)), 2) if lengths else 0},
-                "segments": self.segment_stats()}
+                "segments": self.segment_stats(), "randomization": self.randomization()}
+
+    def randomization(self) -> list[dict[str, Any]]:
+        """Each randomized episode's drawn values (its record's ``randomization``: axes, offsets, scales), by
+        episode: what ``describe`` counts and points to."""
+        return [{"episode": _episode_key(record), "seed": record.get("seed"), "values": record["randomization"]}
+                for record in self.episodes if record.get("randomization")]
+
+
+def _episode_key(record: dict[str, Any]) -> Any:
+    """The episode's number where it is shown: its dataset index in a dataset, its store index in a store."""
+    return record.get("dataset_episode_index", record.get("episode_index"))
 
 
 def inspect_path(path: Path | str, *, with_frames: bool = False, max_episodes: int = 8) -> Inspection:
@@ -144,7 +155,7 @@ def _add_boundary_frames(result: Inspection, record: dict[str, Any], frames: dic
                          depths: dict[int, np.ndarray] | None = None) -> None:
     """Each segment's first and last frame; a depth frame (metres, colour-mapped over the episode's boundary
     frames: near is yellow, far is blue) follows the RGB frame of the same step."""
-    key = record.get("dataset_episode_index", record.get("episode_index"))
+    key = _episode_key(record)
     depths = depths or {}
     near_far = _depth_range(list(depths.values()))
     for s in record.get("segments", []):
@@ -230,7 +241,7 @@ def _randomization_lines(result: Inspection) -> list[str]:
         if drawn:
             key = ", ".join(drawn.get("axes", [])) or "nothing"
             counts[key] = counts.get(key, 0) + 1
-    return [f"randomized: {axes} ({n} episodes; drawn values in --json)" for axes, n in sorted(counts.items())]
+    return [f"randomized: {axes} ({n} episode(s); drawn values in --json)" for axes, n in sorted(counts.items())]
 
 
 def describe(result: Inspection) -> str:

@@ -228,7 +228,7 @@ def test_low_disk_space_pauses_and_resumes_generation(tmp_path):
     ('job = [\n', "not valid TOML"),
     ('[job]\ntask = "toy-point"\n[store]\ndir = "s"\n[control]\nnoise = "gaussian:-1"\n', "[control]: --noise"),
     ('[job]\ntask = "toy-point"\n[store]\ndir = "s"\n[control]\nnoise = "gaussian:0.1"\n',
-     "[control]: --noise: task 'toy-point''s expert cannot label states it did not choose"),
+     "[control]: --noise: the expert of task 'toy-point' cannot label states it did not choose"),
     ('[job]\ntask = "toy-point"\n[store]\ndir = "s"\n[control]\nnoyse = "gaussian:0.1"\n', "unknown key control.noyse"),
     ('[job]\ntask = "toy-point"\nencoder_process = "sometimes"\n[store]\ndir = "s"\n',
      'job.encoder_process must be true, false or "auto", got \'sometimes\''),

@@ -193,6 +193,11 @@ def test_bad_input_is_exit_2_and_nothing_is_written(two_tasks, tmp_path, capsys)
         (["merge", str(dataset), str(wide), "--out", str(tmp_path / "m")],
          f"{CAM}: video (32, 32, 3) in {dataset}, video (24, 24, 3) in {wide}"),
         (["edit", str(dataset), "--task", "toy-nothing"], "no episode has that task"),
+        # nesting is bounded before the parser recurses: no RecursionError (issue 57)
+        (["edit", str(dataset), "--keep-where", "(" * 5000 + "success" + ")" * 5000],
+         "character 51: nested more than 50 deep"),
+        (["edit", str(dataset), "--keep-where", "not " * 5000 + "success"], "nested more than 50 deep"),
+        (["edit", str(dataset), "--keep-where", "success or " * 10_000 + "success"], "at most 100000"),
     ]
     for argv, expected in cases:
         assert main(argv) == 2, argv
@@ -200,6 +205,9 @@ def test_bad_input_is_exit_2_and_nothing_is_written(two_tasks, tmp_path, capsys)
         assert expected in err, (argv, err)
         assert "Traceback" not in err
     assert tree(tmp_path) == before
+    from demoforge.storage.lerobot.episode_filter import MAX_DEPTH, parse_filter
+
+    assert parse_filter("(" * MAX_DEPTH + "success" + ")" * MAX_DEPTH)({"success": True})  # the bound itself is fine
 
 
 def test_a_lerobot_dataset_is_smart_cut_and_the_reencoded_frames_are_reported(tmp_path, capsys):

@@ -52,3 +52,29 @@ def test_a_bad_table_is_refused_naming_what_is_wrong(tmp_path, content, message)
     done = run_cli("generate", *PUSH, "--episodes", "1", "--instructions", str(table), "--store", str(store))
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not store.exists()
+
+
+def test_the_table_file_is_read_bounded_and_only_from_a_regular_file(tmp_path) -> None:
+    """``--instructions /dev/zero`` once read until MemoryError: the reader takes at most the cap + 1 bytes, and a
+    device, pipe or folder is refused unread (a FIFO without a writer is not waited on)."""
+    import os
+
+    from demoforge.pipeline.tasks.instructions import MAX_TABLE_BYTES, InstructionsError, read_table_file
+
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as f:
+        f.truncate(1 << 40)  # sparse: reading it whole would need a terabyte
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, message in ((huge, f"larger than {MAX_TABLE_BYTES} bytes"), ("/dev/zero", "not a regular file"),
+                          (fifo, "not a regular file"), (tmp_path, "not a regular file"),
+                          (tmp_path / "missing.json", "cannot read it")):
+        with pytest.raises(InstructionsError, match=message):
+            read_table_file(path)
+    exact = tmp_path / "exact.json"
+    exact.write_text(json.dumps(TABLE).ljust(MAX_TABLE_BYTES))
+    assert json.loads(read_table_file(exact)) == TABLE  # the cap itself is allowed
+    store = tmp_path / "s"
+    done = run_cli("generate", *PUSH, "--episodes", "1", "--instructions", "/dev/zero", "--store", str(store))
+    assert done.returncode == 2 and "--instructions /dev/zero: not a regular file" in done.stderr, done.stderr
+    assert not store.exists()

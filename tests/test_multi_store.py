@@ -81,7 +81,7 @@ def test_two_stores_become_one_dataset_with_a_task_per_job(two_jobs: tuple[Path,
     fetch(one, 3, cycles=1)
     again = run_cli("export", "--store", str(one), "--store", str(two), "--out", str(dataset))
     assert again.returncode == 0, again.stderr
-    assert "exported 1 episode(s)" in again.stdout and "now holds 4 episodes" in again.stdout
+    assert "exported 1 episode(s)" in again.stdout and "now holds 4 episode(s)" in again.stdout
     sidecar = read_sidecar(dataset)
     assert [(r["store_id"], r["staging_episode_id"]) for r in sidecar][-1] == (ids[one], "ep00000002-a00")
     assert len({(r["store_id"], r["staging_episode_id"]) for r in sidecar}) == 4
@@ -131,4 +131,4 @@ def test_a_dataset_from_before_store_ids_keeps_exporting_exactly_once(tmp_path: 
     fetch(store, 2, cycles=1)
     done = run_cli("export", "--store", str(store), "--out", str(dataset))
     assert done.returncode == 0, done.stderr
-    assert "exported 1 episode(s)" in done.stdout and "now holds 2 episodes" in done.stdout
+    assert "exported 1 episode(s)" in done.stdout and "now holds 2 episode(s)" in done.stdout

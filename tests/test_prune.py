@@ -51,7 +51,7 @@ def test_prune_exported_then_status_verify_export_and_resume(tmp_path: Path) -> 
     # The same dataset gets the 2 new ones; the pruned ones are never needed again.
     export = run_cli("export", "--store", str(store), "--out", str(dataset))
     assert export.returncode == 0 and "exported 2 episode(s)" in export.stdout, export.stderr
-    assert "holds 6 episodes" in export.stdout
+    assert "holds 6 episode(s)" in export.stdout
     # Another dataset cannot get pruned episodes: said plainly, nothing quarantined.
     elsewhere = run_cli("export", "--store", str(store), "--out", str(other))
     assert elsewhere.returncode == 0 and "4 episode(s) are not in" in elsewhere.stdout, elsewhere.stdout
@@ -88,7 +88,7 @@ def test_prune_killed_midway_is_finished_by_the_next_prune_or_writer(tmp_path: P
     assert "finished pruning" in resumed.stdout
     assert staged(store) == {e for e, s in rows(store).items() if s == "committed"}
     export = run_cli("export", "--store", str(store), "--out", str(dataset))
-    assert export.returncode == 0 and "holds 6 episodes" in export.stdout, export.stdout
+    assert export.returncode == 0 and "holds 6 episode(s)" in export.stdout, export.stdout
 
 
 def test_daemon_prunes_after_each_export(tmp_path: Path) -> None:

@@ -94,6 +94,9 @@ def test_a_randomized_job_records_the_draws_and_replays_exactly(tmp_path) -> Non
     assert [e["verdict"] for e in json.loads(replay.stdout)["episodes"]] == ["reproduced", "reproduced"]
     shown = run_cli("inspect", str(store))
     assert shown.returncode == 0 and "randomized: lighting, colors, physics" in shown.stdout, shown.stdout
+    for path in (store, dataset):  # --json has the drawn values the text points to
+        listed = json.loads(run_cli("inspect", str(path), "--json").stdout)["randomization"]
+        assert [e["episode"] for e in listed] == [0, 1] and [e["values"] for e in listed] == draws
 
 
 def test_a_scene_drawn_differently_from_the_record_is_a_divergence(tmp_path) -> None:
@@ -130,6 +133,14 @@ def test_a_scene_drawn_differently_from_the_record_is_a_divergence(tmp_path) -> 
      "option 'randomize.camera.pos' must be in 0..0.1"),
     (("--randomize", "init"), "does not randomize 'init' (it declares no initial-state range)"),
     (("--randomize", "physics", "--option", "randomize=colors"), "--randomize or --option randomize"),
+    # issue 57: empty axes randomized nothing and were stored; an unknown range was blamed on the task
+    (("--randomize", ",,"), "randomization axes ',,' hold an empty item"),
+    (("--randomize", ""), "--randomize '': name one or more axes"),
+    (("--option", "randomize=lighting,"), "randomization axes 'lighting,' hold an empty item"),
+    (("--option", "randomize.lighting.nosuch=0.1"),
+     "has no option 'randomize.lighting.nosuch'; its randomization options: randomize, randomize.lighting.pos"),
+    # user text is printed literally: rich would turn :smile: into an emoji
+    (("--randomize", ":smile:"), "unknown randomization axis ':smile:'"),
 ])
 def test_bad_axes_and_ranges_are_refused_naming_them(tmp_path, args, message) -> None:
     store = tmp_path / "s"

@@ -247,3 +247,61 @@ def test_the_recorder_pages_examples_run_and_resume(tmp_path: Path) -> None:
         assert printed in done.stdout and (printed or "saved" not in done.stdout)
     for name, episodes in (("reacher-teleop", 3), ("reacher-rollouts", 2)):
         assert json.loads((tmp_path / "runs" / name / "meta" / "info.json").read_text())["total_episodes"] == episodes
+
+
+def test_a_bad_instruction_or_names_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Issue 57: ``instruction=12345`` was committed, then every save, close, reopen and export raised a raw
+    ArrowTypeError; names of the wrong length were dropped silently."""
+    from demoforge.pipeline.recorder import MAX_TEXT_CHARS
+
+    short: dict[str, Any] = {**loop.FEATURES, "action": {"dtype": "float32", "shape": (6,), "names": ["a", "b", "c"]}}
+    with pytest.raises(RecorderError, match=r"feature 'action': 'names' must be None or 6 distinct"):
+        Recorder.create(tmp_path / "n", fps=30, features=short, codec="h264")
+    flat: dict[str, Any] = {**loop.FEATURES,
+                            "observation.state": {"dtype": "float32", "shape": (2, 3), "names": ["x", "y"]}}
+    with pytest.raises(RecorderError, match=r"feature 'observation.state': names are recorded for 1-D features"):
+        Recorder.create(tmp_path / "n", fps=30, features=flat, codec="h264")
+    assert not any(tmp_path.iterdir())
+    root = tmp_path / "d"
+    with Recorder.create(root, fps=30, features=loop.FEATURES, codec="h264") as recorder:
+        recorder.add_frame(loop.frame(0, 0), instruction="reach")
+        bad: Any
+        for bad in (12345, b"reach", "", "x" * (MAX_TEXT_CHARS + 1)):
+            with pytest.raises(FrameError, match=f"instruction: expected a non-empty string of at most "
+                                                 f"{MAX_TEXT_CHARS} characters"):
+                recorder.add_frame(loop.frame(0, 1), segment="grasp", instruction=bad)
+        with pytest.raises(FrameError, match=r"frame\['task'\].*at most 1000 characters, got 1001 characters"):
+            recorder.add_frame(_with("task", "t" * 1001))
+        recorder.add_frame(loop.frame(0, 1), segment="grasp", instruction="g" * MAX_TEXT_CHARS)
+        recorder.save_episode()
+    record_ = json.loads((root / "meta" / "demoforge_episodes.jsonl").read_text().splitlines()[0])
+    assert [s["instruction"] for s in record_["segments"]] == ["reach", "g" * MAX_TEXT_CHARS]
+
+
+def test_a_root_an_older_recorder_bricked_with_a_number_instruction_reopens_and_exports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a Recorder before the check committed (``instruction=12345`` in the episode record) publishes: the
+    root reopens, goes on, and ``demoforge export`` of its store succeeds."""
+    import demoforge.pipeline.recorder as recorder_module
+    from helpers import run_cli
+
+    root = tmp_path / "d"
+    with monkeypatch.context() as patch:
+        patch.setattr(recorder_module, "_text", lambda what, value: None)  # the older recorder: no check
+        old = Recorder.create(root, fps=30, features=loop.FEATURES, codec="h264", publish="close")
+        for step in range(3):
+            old.add_frame(loop.frame(0, step), instruction=12345)  # type: ignore[arg-type]
+        old.save_episode()
+        old._shutdown()  # ended as the failed close left it: committed, never published
+    assert not root.exists()
+    reopened = Recorder.create(root, fps=30, features=loop.FEATURES, codec="h264")
+    assert reopened.episode_index == 1
+    for step in range(2):
+        reopened.add_frame(loop.frame(1, step))
+    reopened.save_episode()
+    reopened.close()
+    assert rows(root)["episode_index"].tolist() == [0, 0, 0, 1, 1]
+    assert rows(root)["language_persistent"].tolist()[0][0]["content"] == "12345"
+    done = run_cli("export", "--store", str(tmp_path / "d.store"), "--out", str(tmp_path / "again"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "again" / "meta" / "info.json").read_text())["total_episodes"] == 2

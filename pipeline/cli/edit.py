@@ -27,32 +27,31 @@ def add_edit_parser(sub: argparse._SubParsersAction) -> None:
                     "dataset's next version (default), as a new dataset (--out), or as one dataset per part "
                     "(--split ... --out-root). Rules combine: an episode stays when no rule removes it.\n\n"
                     "--keep-where fields:\n" + describe_fields(),
-        example="demoforge edit runs/fetch-dataset --delete 3,7,10-12 --keep-where 'length >= 50'   (or: --split "
-                "train=0.9,val=0.1 --seed 0 --out-root runs/splits)")
+        example="demoforge edit runs/fetch-dataset --delete 3,7 --keep-where 'length >= 50' --dry-run")
     p.add_argument("dataset", type=Path, metavar="DATASET_DIR",
                    help="a dataset written by `demoforge export`, or a LeRobot v3.0 dataset (then --out or --split: "
                         "demoforge never modifies a dataset it did not write)")
     p.add_argument("--delete", default=None, metavar="EPISODES",
-                   help="episode indices and ranges to delete, e.g. 3,7,10-12 or 40- (None: none)")
+                   help="episode indices and ranges to delete, e.g. 3,7,10-12 or 40- (default: none)")
     p.add_argument("--delete-rejected", action="store_true",
                    help="delete the episodes marked rejected in `demoforge view` (DATASET_DIR.rejected.json)")
     p.add_argument("--keep-where", default=None, metavar="EXPR",
                    help='keep only episodes matching EXPR, e.g. \'outcome == "success" and length >= 50\' '
-                        "(fields above; None: all)")
+                        "(fields above; default: all)")
     p.add_argument("--task", default=None, metavar="NAME",
-                   help="keep only episodes of this task (a LeRobot task string or a demoforge task name; None: all)")
+                   help="keep only episodes of this task (a LeRobot task string or a demoforge task name; default: all)")
     p.add_argument("--replay-report", type=Path, default=None, metavar="FILE",
                    help="a `demoforge replay DATASET --json` report: gives --keep-where its `replay` field")
     p.add_argument("--split", default=None, metavar="NAME=FRACTION,...",
-                   help="split the kept episodes into datasets --out-root/NAME, e.g. train=0.9,val=0.1 (None: no "
+                   help="split the kept episodes into datasets --out-root/NAME, e.g. train=0.9,val=0.1 (default: no "
                         "split; the dataset itself is not changed)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split's deterministic shuffle")
     p.add_argument("--stratify", choices=["task"], default=None,
-                   help="split each task in the given proportions on its own (None: the whole dataset at once)")
+                   help="split each task in the given proportions on its own (default: the whole dataset at once)")
     p.add_argument("--out-root", type=Path, default=None, metavar="DIR", help="where --split writes its parts")
     p.add_argument("--out", type=Path, default=None, metavar="NEW_DATASET_DIR",
-                   help="write the result as a new dataset instead of a new version (None: a new version)")
-    p.add_argument("--repo-id", default=None, help="repo id recorded in what is written (None: the source's)")
+                   help="write the result as a new dataset instead of a new version (default: a new version)")
+    p.add_argument("--repo-id", default=None, help="repo id recorded in what is written (default: the source's)")
     p.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
     p.add_argument("--again", action="store_true",
                    help="apply the edit even when the published version is already its result (a re-run after a "
@@ -69,7 +68,7 @@ def add_merge_parser(sub: argparse._SubParsersAction) -> None:
                    help="two or more datasets, in the order their episodes go into the new one")
     p.add_argument("--out", type=Path, required=True, metavar="NEW_DATASET_DIR",
                    help="the new dataset (must not exist yet, or be this merge's result). Required")
-    p.add_argument("--repo-id", default=None, help="repo id recorded in the new dataset (None: the first's)")
+    p.add_argument("--repo-id", default=None, help="repo id recorded in the new dataset (default: the first's)")
     p.add_argument("--dry-run", action="store_true", help="check the features and print what would be written")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(fn=cmd_merge)

@@ -25,7 +25,7 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
                         "dataset (each job's instruction becomes a task). Required")
     p.add_argument("--out", type=Path, required=True, metavar="DATASET_DIR",
                    help="the dataset (a link to its published version; created if new). Required")
-    p.add_argument("--repo-id", default=None, help="repo id recorded in the dataset (None: demoforge/TASK)")
+    p.add_argument("--repo-id", default=None, help="repo id recorded in the dataset (default: demoforge/TASK)")
     p.add_argument("--include", default="episodes", choices=INCLUDE_CHOICES,
                    help="which committed episodes: the job's episodes (each counted toward --episodes), the "
                         "failed attempts `generate --keep-failures` kept, or all (default: episodes)")
@@ -39,7 +39,7 @@ def add_validate_parser(sub: argparse._SubParsersAction) -> None:
                     example="demoforge validate runs/fetch-dataset --expect-segments 15")
     p.add_argument("dataset", type=Path, metavar="DATASET_DIR", help="an exported dataset")
     p.add_argument("--expect-segments", type=int, default=None,
-                   help="every episode must have this many segments (None: not checked)")
+                   help="every episode must have this many segments (default: not checked)")
     p.add_argument("--video-backend", default="pyav", choices=["pyav", "torchcodec"],
                    help="the video backend LeRobotDataset loads with")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -99,10 +99,10 @@ def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: boo
                           "leaves out (--include all takes every committed episode)")
     if report.exported:
         out_console.print(f"exported {report.exported} episode(s) to {out} (version {report.version}); the dataset "
-                          f"now holds {report.total_episodes} episodes, {report.total_frames} frames "
+                          f"now holds {report.total_episodes} episode(s), {report.total_frames} frames "
                           f"({report.elapsed_s:.1f} s)")
     else:
-        out_console.print(f"nothing new to export; {out} holds {report.total_episodes} episodes, "
+        out_console.print(f"nothing new to export; {out} holds {report.total_episodes} episode(s), "
                           f"{report.total_frames} frames")
     step("after_report")
     return EXIT_OK

@@ -37,8 +37,7 @@ def add_status_parser(sub: argparse._SubParsersAction) -> None:
 def add_verify_parser(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "verify", help="re-read a store's committed episodes (--store) or a published dataset's "
                                         "files against their export checksums (DATASET); exit 0 good, 1 problems",
-                    example="demoforge verify --store runs/fetch --no-quarantine   (or: demoforge verify "
-                            "runs/fetch-dataset)")
+                    example="demoforge verify runs/fetch-dataset")
     p.add_argument("dataset", type=Path, nargs="?", default=None, metavar="DATASET",
                    help="an exported dataset: changed, missing or extra files by path, sampled frames decoded")
     p.add_argument("--store", type=Path, default=None, help="a store: checksums, counts, hashes, video frames")
@@ -130,9 +129,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
                           "problems": [{"episode_id": p.episode_id, "problem": p.problem} for p in report.problems]},
                          indent=2))
     else:
+        from rich.text import Text
+
         console = make_console()
         for p in report.problems:
-            console.print(f"[red]BAD[/red] {p.episode_id}: {p.problem}")
+            console.print(Text.assemble(("BAD", "red"), f" {p.episode_id}: {p.problem}"))
         verdict = "all good" if report.ok else f"{len(report.problems)} bad, {len(report.quarantined)} quarantined"
         skipped = f" ({report.pruned} pruned after export, not re-read)" if report.pruned else ""
         console.print(f"verified {report.checked} committed episode(s) in {args.store}{skipped}: {verdict}")

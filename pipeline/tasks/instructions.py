@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -27,6 +30,30 @@ MAX_TABLE_BYTES = 64 * 1024
 
 class InstructionsError(ValueError):
     """An instructions table that is not what ``--instructions`` expects (the message names where)."""
+
+
+def read_table_file(path: Path | str) -> str:
+    """The text of an instructions file, read at most ``MAX_TABLE_BYTES`` + 1 bytes: a device (``/dev/zero``), a
+    pipe or a huge file is refused before it fills memory. Opened without blocking, so a FIFO no one writes to is
+    refused too, not waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InstructionsError(f"cannot read it: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InstructionsError("not a regular file (a device, a pipe or a folder); give a JSON file")
+    with os.fdopen(fd, "rb") as file:
+        try:
+            data = file.read(MAX_TABLE_BYTES + 1)
+        except OSError as exc:
+            raise InstructionsError(f"cannot read it: {exc.strerror or exc}") from None
+    if len(data) > MAX_TABLE_BYTES:
+        raise InstructionsError(f"the file is larger than {MAX_TABLE_BYTES} bytes, the most a table may hold")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InstructionsError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def parse_table(text: str, segment_names: Sequence[str] | None = None) -> dict[str, Any]:

@@ -78,8 +78,15 @@ def default_range(key: str, scene: SceneRandomization | None) -> float:
 
 
 def parse_axes(value: str) -> tuple[str, ...]:
-    """``"lighting,colors"`` -> the axes in canonical order; ``"all"`` is every axis the caller allows."""
-    names = [a.strip() for a in str(value).split(",") if a.strip()]
+    """``"lighting,colors"`` -> the axes in canonical order; ``"all"`` is every axis the caller allows; ``""``
+    (the default) is none. An empty item (``",,"``, ``"lighting,"``) is refused: such a value randomized nothing
+    and was still stored in the job's options."""
+    if not str(value).strip():
+        return ()
+    names = [a.strip() for a in str(value).split(",")]
+    if not all(names):
+        raise RandomizationError(f"randomization axes {str(value)!r} hold an empty item; give comma-separated axes "
+                                 f"among {', '.join(AXES)} (or all)")
     unknown = [a for a in names if a not in AXES and a != "all"]
     if unknown:
         raise RandomizationError(f"unknown randomization axis {unknown[0]!r}; axes: {', '.join(AXES)} (or all)")

@@ -30,6 +30,7 @@ from demoforge.pipeline.tasks.instructions import (
 )
 from demoforge.pipeline.tasks.randomization import (
     RANDOMIZE,
+    RANGES,
     RandomizationError,
     RandomizedScene,
     SceneRandomization,
@@ -171,8 +172,7 @@ class TaskEntry:
         merged = dict(defaults)
         for key, value in (options or {}).items():
             if key not in defaults and key.split(".")[0] == RANDOMIZE:
-                raise TaskOptionError(f"task {self.name!r} cannot be randomized (it declares no scene to vary: "
-                                      "docs/diversity.md says how a task does)")
+                raise TaskOptionError(self._unknown_randomization(key))
             if key not in defaults:
                 raise TaskOptionError(f"task {self.name!r} has no option {key!r}; known options: "
                                       f"{', '.join(sorted(self.defaults)) or 'none'}")
@@ -196,6 +196,16 @@ class TaskEntry:
             except InstructionsError as exc:
                 raise TaskOptionError(f"task {self.name!r} option {INSTRUCTIONS!r}: {exc}") from None
         return merged
+
+    def _unknown_randomization(self, key: str) -> str:
+        """Why randomization option ``key`` is refused: the task varies no scene, or it has no such option."""
+        if self.randomization is None and (key == RANDOMIZE or key in RANGES):
+            return (f"task {self.name!r} cannot be randomized (it declares no scene to vary: docs/diversity.md says "
+                    "how a task does)")
+        known = [RANDOMIZE, *RANGES] if self.randomization is not None else []
+        return (f"task {self.name!r} has no option {key!r}; " + (
+            f"its randomization options: {', '.join(known)}" if known
+            else "it cannot be randomized either (it declares no scene to vary)"))
 
     def info(self, options: Mapping[str, Any] | None = None) -> TaskInfo:
         """The task's description for these options, checked: safe names, sizes within the job limits.

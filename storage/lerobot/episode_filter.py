@@ -57,6 +57,10 @@ FIELDS: Mapping[str, FieldInfo] = {
 }
 COMPARISONS = ("==", "!=", "<=", ">=", "<", ">")
 KEYWORDS = ("and", "or", "not", "true", "false", "null")
+#: Bounds on an expression: the parser and the tree it builds recurse once per nested "(" or "not", so a
+#: hostile expression (5,000 parentheses) is refused by name instead of exhausting Python's stack.
+MAX_LENGTH = 100_000
+MAX_DEPTH = 50
 
 
 class FilterError(ValueError):
@@ -79,7 +83,15 @@ _TOKEN = re.compile(r"""\s*(?:(?P<number>-?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+
 
 
 def _fail(text: str, pos: int, message: str) -> FilterError:
-    return FilterError(f"--keep-where, character {pos + 1}: {message}\n  {text}\n  {' ' * pos}^")
+    """The message, then the expression with a caret under ``pos`` (a long one cut to the part around it)."""
+    start = max(0, min(pos - _CONTEXT, len(text) - 2 * _CONTEXT))
+    shown = text[start:start + 2 * _CONTEXT]
+    before, after = ("..." if start else ""), ("..." if start + 2 * _CONTEXT < len(text) else "")
+    return FilterError(f"--keep-where, character {pos + 1}: {message}\n  {before}{shown}{after}\n"
+                       f"  {' ' * (len(before) + pos - start)}^")
+
+
+_CONTEXT = 40  # characters shown either side of an error's position
 
 
 def _tokens(text: str) -> list[_Token]:
@@ -234,9 +246,12 @@ class EpisodeFilter:
 # ------------------------------------------------------------------------------------------- the parser
 class _Parser:
     def __init__(self, text: str) -> None:
+        if len(text) > MAX_LENGTH:
+            raise FilterError(f"--keep-where: the expression is {len(text)} characters long; at most {MAX_LENGTH}")
         self.text = text
         self.tokens = _tokens(text)
         self.at = 0
+        self.depth = 0  # "(" and "not" open now
 
     @property
     def token(self) -> _Token:
@@ -279,16 +294,27 @@ class _Parser:
             parts.append(self.unary())
         return parts[0] if len(parts) == 1 else _Junction("and", tuple(parts))
 
+    def deeper(self) -> None:
+        """One more "(" or "not" around what follows; refused past ``MAX_DEPTH``."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.error(f"nested more than {MAX_DEPTH} deep (parentheses and 'not'); write a flatter expression")
+
     def unary(self) -> Condition:
         if self.is_word("not"):
+            self.deeper()
             self.take()
-            return _Not(self.unary())
+            inner = self.unary()
+            self.depth -= 1
+            return _Not(inner)
         return self.compare()
 
     def compare(self) -> Condition:
         if self.token.kind == "(":
+            self.deeper()
             opening = self.take()
             inner = self.or_()
+            self.depth -= 1
             if self.token.kind != ")":
                 raise self.error(f"expected ')' to close the '(' at character {opening.pos + 1}, found "
                                  f"{self.found()}")

@@ -239,7 +239,8 @@ def episode_frames(ep: StagedEpisode, index: int, first_frame: int, task_index: 
         cols["next.done"] = done
     for i, key in enumerate(ANNOTATION_KEYS):
         cols[annotation_key(key)] = ep.annotations[:, i].astype(np.int64)
-    subtasks = [{"role": "assistant", "content": s.get("instruction") or s["name"], "style": "subtask",
+    # str(): a Recorder before 57 recorded any instruction= it was given (a number): such a store still exports
+    subtasks = [{"role": "assistant", "content": str(s.get("instruction") or s["name"]), "style": "subtask",
                  "timestamp": float(np.float32(s["start_step"] / fps)), "camera": None, "tool_calls": None}
                 for s in record.get("segments", [])]
     cols["language_persistent"] = [subtasks] * n
