@@ -40,6 +40,10 @@ _EXPORTS: dict[str, str] = {
     "SeedsAttempt": "demoforge.stages.task_protocol",
     "Randomizes": "demoforge.stages.task_protocol",
     "task_capability": "demoforge.stages.task_protocol",
+    # poses for `demoforge multiply` (docs/multiply.md)
+    "TracksPoses": "demoforge.stages.task_protocol",
+    "TaskPoses": "demoforge.stages.task_protocol",
+    "Pose": "demoforge.stages.task_protocol",
     # a reactive expert (observation -> action) as segments
     "Phase": "demoforge.pipeline.reactive",
     "ReactiveExpert": "demoforge.pipeline.reactive",
@@ -71,11 +75,14 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name i
         ChecksSuccess,
         GivesInstruction,
         HoldsAction,
+        Pose,
         Randomizes,
         RecordsObservation,
         SeedsAttempt,
         SegmentTask,
         SelectsEpisode,
+        TaskPoses,
+        TracksPoses,
         task_capability,
     )
     from demoforge.pipeline.reactive import Phase, PolicyExpert, ReactiveExpert, ReturnBranch, reactive_segments

@@ -15,6 +15,7 @@ capability as gymnasium's ``get_wrapper_attr`` finds an attribute: on the env or
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 import gymnasium as gym
@@ -28,8 +29,9 @@ from demoforge.stages.contract import (
     check_json_safe,
 )
 
-__all__ = ["ActionListTask", "ChecksSuccess", "GivesInstruction", "HoldsAction", "Randomizes",
-           "RecordsObservation", "SeedsAttempt", "SegmentTask", "SelectsEpisode", "iter_segments", "task_capability"]
+__all__ = ["ActionListTask", "ChecksSuccess", "GivesInstruction", "HoldsAction", "Pose", "Randomizes",
+           "RecordsObservation", "SeedsAttempt", "SegmentTask", "SelectsEpisode", "TaskPoses", "TracksPoses",
+           "iter_segments", "task_capability"]
 
 #: How deep a wrapper chain is searched (a loop of ``.env`` references must end).
 MAX_WRAPPERS = 64
@@ -97,6 +99,73 @@ class Randomizes(Protocol):
     """Redraws the scene before each attempt's reset from its seed; returns the drawn values (JSON-safe)."""
 
     def demo_randomize(self, seed: int) -> Mapping[str, Any] | None: ...
+
+
+@dataclass(frozen=True, eq=False)
+class Pose:
+    """A rigid pose in the world frame: ``position`` (3,) in metres and ``quaternion`` (4,) as (w, x, y, z),
+    unit length. Both are float64 copies, so a pose never changes with the simulator's buffers."""
+
+    position: np.ndarray
+    quaternion: np.ndarray = field(default_factory=lambda: np.array([1.0, 0.0, 0.0, 0.0]))  # the identity
+
+    def __post_init__(self) -> None:
+        position = np.array(self.position, dtype=np.float64).reshape(-1)
+        quaternion = np.array(self.quaternion, dtype=np.float64).reshape(-1)
+        norm = float(np.linalg.norm(quaternion)) if quaternion.shape == (4,) else 0.0
+        if position.shape != (3,) or not np.all(np.isfinite(position)) or not np.isfinite(norm) or norm < 1e-9:
+            raise TaskProtocolError(f"a pose needs a finite position (3,) and a non-zero quaternion (4,), got "
+                                    f"{self.position!r:.60} and {self.quaternion!r:.60}")
+        object.__setattr__(self, "position", position)
+        object.__setattr__(self, "quaternion", quaternion / norm)
+
+
+@runtime_checkable
+class TaskPoses(Protocol):
+    """What ``demoforge multiply`` reads and commands of a task's robot and objects, in the world frame, at the
+    env's current state (pipeline/multiply.py; docs/multiply.md).
+
+    ``follows_plan``: the task's own planner may be asked for its segments one at a time without their actions
+    being run (a planner, not a reactive expert): a multiplied episode then asks it for each segment as that
+    segment starts, so the planner's side effects (fetch-pick-place draws each cycle's goal) and its validator
+    apply to the generated segment."""
+
+    follows_plan: bool
+
+    def eef_pose(self) -> Pose:
+        """The end effector's pose now."""
+        ...
+
+    def object_poses(self) -> Mapping[str, Pose]:
+        """Every object a segment can be relative to, by the name segments use as ``target`` (and any other
+        reference :meth:`reference` names, such as a goal)."""
+        ...
+
+    def reference(self, segment: str, target: str | None) -> str | None:
+        """The object whose pose segment ``segment`` (its ``target`` as recorded) moves with: usually the target;
+        a place or carry segment moves with where the object goes. None: relative to the previous segment's end."""
+        ...
+
+    def gripper(self, action: np.ndarray) -> float:
+        """The gripper command inside ``action``."""
+        ...
+
+    def commanded_pose(self, action: np.ndarray) -> Pose:
+        """The end-effector pose ``action`` asks for from the current state (what the controller is sent to)."""
+        ...
+
+    def action_toward(self, pose: Pose, gripper: float) -> np.ndarray:
+        """The action that sends the end effector toward ``pose`` from the current state (a Cartesian-delta arm:
+        the delta, clipped to the action space; a joint arm: inverse kinematics), with ``gripper``."""
+        ...
+
+
+@runtime_checkable
+class TracksPoses(Protocol):
+    """The poses of the robot and the objects, and target poses as actions: what ``demoforge multiply`` needs
+    to make new demonstrations from a few (None: not for this configuration of the task)."""
+
+    def demo_poses(self) -> TaskPoses | None: ...
 
 
 CapabilityT = TypeVar("CapabilityT")

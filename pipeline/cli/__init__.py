@@ -4,7 +4,12 @@ commands' options and handlers), and ``main``, which turns an error into a few l
 from __future__ import annotations
 
 import argparse
+import os
+import select
+import signal
+import sys
 from collections.abc import Sequence
+from typing import Any, TextIO
 
 from demoforge.pipeline.cli import (
     daemon,
@@ -12,6 +17,7 @@ from demoforge.pipeline.cli import (
     evaluate,
     export,
     generate,
+    multiply,
     repair,
     replay,
     rerender,
@@ -19,7 +25,7 @@ from demoforge.pipeline.cli import (
     tasks,
     view,
 )
-from demoforge.pipeline.cli.common import EXIT_FAIL, EXIT_USAGE, HelpFormatter, make_console
+from demoforge.pipeline.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, HelpFormatter, make_console
 from demoforge.pipeline.environment import prepare_process
 from demoforge.pipeline.error_report import EXIT_WRITE_FAILED, describe_write_failure
 from demoforge.pipeline.job import JobConfigError
@@ -32,11 +38,16 @@ from demoforge.storage.write_errors import is_write_error
 
 # Imported where used: the error types of the modules `demoforge --help` need not load (see _known_errors).
 
+#: A closed output pipe (``demoforge tasks --json | head -1``): the status a shell tool stopped by SIGPIPE has.
+EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE
+
 EXIT_STATUS_HELP = """exit status: 0 done; 1 failed or incomplete (e.g. every recent episode abandoned); 2 bad input or
-settings; 3 the daemon stopped a failing job; 4 an OS error while writing (e.g. a full disk); 130 interrupted"""
+settings; 3 the daemon stopped a failing job; 4 an OS error while writing (e.g. a full disk); 130 interrupted;
+141 the output's reader went away (e.g. `| head`)"""
 
 #: Each adds one command, in the order `demoforge --help` lists them.
-COMMANDS = (tasks.add_tasks_parser, tasks.add_run_parser, generate.add_generate_parser, export.add_export_parser,
+COMMANDS = (tasks.add_tasks_parser, tasks.add_run_parser, generate.add_generate_parser, multiply.add_multiply_parser,
+            export.add_export_parser,
             export.add_validate_parser, edit.add_edit_parser, edit.add_merge_parser, store.add_inspect_parser,
             view.add_view_parser, store.add_status_parser, daemon.add_daemon_parser, store.add_verify_parser,
             store.add_prune_parser, replay.add_replay_parser, rerender.add_rerender_parser, evaluate.add_eval_parser,
@@ -51,13 +62,36 @@ def build_parser() -> argparse.ArgumentParser:
         + "\n\nrun `demoforge COMMAND --help` for a command's options")
     parser.add_argument("--debug", action="store_true",
                         help="on an error, show the full Python traceback instead of the short message")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action=_Version, help="print demoforge's version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")  # none: main prints this help
     for add in COMMANDS:
         add(sub)
     for command in sub.choices.values():  # `demoforge generate ... --debug` works too
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                              help="show the full traceback of an error (default: off)")
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed package's version, read from its metadata when asked (not at every start)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"demoforge {package_version()}")
+        parser.exit()
+
+
+def package_version() -> str:
+    """The version pip installed (``importlib.metadata``), or a note when demoforge runs from an uninstalled tree."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("demoforge")
+    except importlib.metadata.PackageNotFoundError:
+        return "(unknown: not installed as a package)"
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
@@ -77,7 +111,30 @@ def _known_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command and return its exit status. When the reader of the output goes away
+    (``demoforge tasks --json | head -1``), the command ends quietly with :data:`EXIT_PIPE_CLOSED`, as SIGPIPE
+    ends a shell tool, wherever the write that found it happened (a command, ``--help``, the last flush)."""
+    try:
+        try:
+            return _run(argv)
+        finally:  # what is still buffered: a closed pipe shows here, not as "Exception ignored" at exit
+            _flush(sys.stdout, sys.stderr)
+    except BrokenPipeError:
+        if not _closed_outputs():
+            raise  # another pipe (a child process's): a real failure
+        return _output_gone()
+    except SystemExit as exit_:
+        if not isinstance(exit_.__context__, BrokenPipeError):
+            raise
+        return _output_gone()  # rich's console meets a closed pipe with exit 1: the same status as ours
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `demoforge`: what it can do
+        parser.print_help()
+        return EXIT_OK
     reset_process_priority()  # every demoforge process runs at normal priority, whatever started it
     prepare_process()
     limit_malloc_arenas()
@@ -87,9 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return args.fn(args)
         except BaseExceptionGroup as group:  # errors raised inside a task group arrive wrapped
+            leaves = _leaves(group)
+            closed = next((e for e in leaves if isinstance(e, BrokenPipeError)), None)
+            if closed is not None and _closed_outputs():
+                raise closed from None
             if args.debug:
                 raise
-            leaves = _leaves(group)
             known = _known_errors() + (WorkersLostError,)
             if leaves and all(isinstance(e, known) for e in leaves):
                 raise leaves[0] from None
@@ -103,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         err.print(f"demoforge {args.command}: stopped at once; committed episodes are kept")
         return 130
     except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and _closed_outputs():
+            raise  # the reader went away: main ends quietly
         if isinstance(exc, WorkersLostError):
             err.print(f"demoforge {args.command}: error: {exc}", markup=False)
             return EXIT_FAIL
@@ -126,3 +188,34 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
         out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
     return out
 
+
+def _flush(*streams: TextIO | None) -> None:
+    for stream in streams:
+        if stream is not None:
+            stream.flush()
+
+
+def _closed_outputs() -> list[TextIO]:
+    """stdout and stderr where they are pipes whose reader has gone (the write end polls POLLERR)."""
+    closed = []
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            poller = select.poll()
+            poller.register(stream.fileno(), select.POLLOUT)
+            if any(events & select.POLLERR for _fd, events in poller.poll(0)):
+                closed.append(stream)
+        except (AttributeError, OSError, ValueError):  # no stream, or not a file (a test's capture)
+            continue
+    return closed
+
+
+def _output_gone() -> int:
+    """Point the closed streams at /dev/null, so that nothing written later (a buffer flushed at exit) raises
+    again, and return the status of a shell tool stopped by SIGPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for stream in _closed_outputs():
+            os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
+    return EXIT_PIPE_CLOSED

@@ -11,6 +11,7 @@ from typing import Any
 from demoforge.pipeline.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
+    add_codec_option,
     add_command,
     add_control_options,
     add_job_options,
@@ -34,6 +35,12 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
                     example=EXAMPLE)
     add_job_options(p)
     add_control_options(p)
+    add_run_options(p)
+    p.set_defaults(fn=cmd_generate)
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """Where and how a job runs into its store, and what follows it (also `demoforge multiply`'s)."""
     p.add_argument("--store", type=Path, required=True,
                    help="the job's store folder (created if new; re-run with the same one to resume). Required")
     p.add_argument("--workers", type=int, default=1,
@@ -43,7 +50,7 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
                    help="where env workers run: threads in this process, worker processes on this machine, or "
                         "Ray actors (see docs/scale-out.md)")
     p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
-                   help="join a running Ray cluster (HOST:PORT or auto; None: start a local Ray)")
+                   help="join a running Ray cluster (HOST:PORT or auto; default: start a local Ray)")
     p.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs Ray reserves for each actor")
     p.add_argument("--start-timeout", type=float, default=180.0, metavar="SECONDS",
                    help="process and Ray executors: stop with exit status 1 when no worker has been running for "
@@ -51,21 +58,20 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-in-flight", type=int, default=4,
                    help="pieces (of up to 16 encoded frames) a remote worker may run ahead of the writer")
     p.add_argument("--num-envs", type=int, default=1, help="vector-env rows per worker")
-    p.add_argument("--codec", default="libsvtav1", help="libsvtav1 (LeRobot's default), h264, hevc")
+    add_codec_option(p)
     p.add_argument("--crf", type=int, default=30, help="encoder quality (lower: better, larger)")
     p.add_argument("--gop", type=int, default=2, help="keyframe interval")
     p.add_argument("--encoder-threads", type=int, default=None,
-                   help="threads per camera encoder (None: the codec decides)")
+                   help="threads per camera encoder (default: the codec decides)")
     p.add_argument("--encoder-process", choices=("auto", "on", "off"), default="auto",
                    help="run each worker's encoders in a process of their own, so encoding does not slow the "
                         "simulator's process (auto: when the cameras have at least 128x128 pixels per frame in "
                         "all); the video is byte-identical either way (default: auto)")
     p.add_argument("--encoder-priority", choices=tuple(ENCODER_PRIORITY_CHOICES), default="auto",
                    help="the encoder process's encoders at idle priority (SCHED_IDLE), raised to normal whenever "
-                        "the worker waits for them: the simulator's renderer gets the cores first (fetch-pick-place "
-                        "on 2 cores: 1.04x env only instead of 1.22x) and other programs' load slows the job "
-                        "without starving it. auto: idle wherever the encoder process runs; idle: also turns the "
-                        "encoder process on under auto; normal: never (default: auto)")
+                        "the worker waits for them, so the simulator gets the cores first (docs/performance.md "
+                        "measures it). auto: idle wherever the encoder process runs; idle: also turns the encoder "
+                        "process on under auto; normal: never (default: auto)")
     p.add_argument("--queue-frames", type=int, default=32, help="capacity of each inter-stage queue")
     p.add_argument("--step-timeout", type=float, default=60.0,
                    help="seconds an env call may take before its attempt is aborted (0: no limit)")
@@ -75,7 +81,7 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-failures", action="store_true",
                    help="also commit failed, truncated and invalid attempts as episodes of their own, with their "
                         "failure reason and failed segment (--episodes still counts successes; `demoforge export "
-                        "--include failures|all` exports them). Fixed for the life of the store. Default: off")
+                        "--include failures|all` exports them). Fixed for the life of the store (default: off)")
     p.add_argument("--export", type=Path, default=None, metavar="DATASET_DIR",
                    help="when the target is reached, export to this LeRobot dataset (the job's episodes: "
                         "`demoforge export --include` for kept failures)")
@@ -86,7 +92,6 @@ def add_generate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--export-timeout", type=float, default=DEFAULT_PROGRESS_TIMEOUT_S, metavar="SECONDS",
                    help="end the export (--export) when it reports no progress for this long: it exits with "
                         "status 1 and the dataset keeps its last published version")
-    p.set_defaults(fn=cmd_generate)
 
 
 ENCODER_PROCESS_CHOICES: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
@@ -118,8 +123,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     executor = _executor_config(args)
     spec = _job_spec(args)
     console = make_console(stderr=True)
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
+    progress = Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[detail]}", markup=False), TimeElapsedColumn(), console=console,
                         disable=not console.is_terminal)
     last_line = [0.0]
     finished_tasks: set[str] = set()
@@ -191,10 +196,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"--task {given_up[0].task}`), then re-run the same command to resume.", markup=False)
         return EXIT_FAIL
     if report.runaway is not None:
+        driver = spec.control.driver if spec.control is not None else None
+        fix = (f"fix the policy (--driver {driver}) or the task (`demoforge eval` runs the policy alone and names "
+               "what it did)" if driver else "fix the task (try `demoforge run` to watch a few episodes)")
         make_console(stderr=True).print(f"demoforge generate: error: stopped because {report.runaway.describe()}. "
-                                    f"The {report.committed_total} committed episode(s) are kept; fix the task "
-                                    "(try `demoforge run` to watch a few episodes), then re-run the same command "
-                                    "to resume.", markup=False)
+                                    f"The {report.committed_total} committed episode(s) are kept; {fix}, then re-run "
+                                    "the same command to resume.", markup=False)
         return EXIT_FAIL
     if not report.complete:
         out.print(f"re-run the same command to resume: {report.target - report.committed_total} episode(s) to go")

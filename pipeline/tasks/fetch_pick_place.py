@@ -39,6 +39,7 @@ from demoforge.pipeline.tasks.registry import (
     register,
 )
 from demoforge.stages.contract import RecordedObservation, Segment, StepView
+from demoforge.stages.task_protocol import Pose
 
 TASK_NAME = "fetch-pick-place"
 FETCH_ENV_ID = "FetchPickAndPlace-v4"
@@ -238,6 +239,9 @@ class FetchPickPlace(gym.Wrapper):
     def demo_instruction(self) -> str:
         return instruction(self.cycles)
 
+    def demo_poses(self) -> FetchPoses:
+        return FetchPoses(self)
+
     # ---------------------------------------------------------------------------------- planning
     def _placement(self, cycle: int, goal: Vector) -> str:
         if goal[2] - self._table_z() < TABLE_GOAL:
@@ -367,6 +371,47 @@ class FetchPickPlace(gym.Wrapper):
     def _on_table(self, view: StepView) -> bool:
         _, obj, _ = self._parts(view)
         return bool(abs(obj[2] - self._table_z()) < 2 * SETTLED)
+
+
+class FetchPoses:
+    """What ``demoforge multiply`` reads and commands of the Fetch arm (stages/task_protocol.py ``TaskPoses``).
+
+    The action is a Cartesian delta: the mocap is put back on the gripper before every step and moved by
+    ``MOCAP_STEP`` metres per unit of action, the orientation fixed; so the pose an action commands is the grip
+    plus that delta, and the action toward a pose is the delta to it, clipped to [-1, 1] (no inverse
+    kinematics). The cube's grasp moves with the cube; the carry and the release move with the goal."""
+
+    follows_plan = True  # the planner yields segments without running them (and draws each cycle's goal)
+    MOCAP_STEP = 0.05  # gymnasium-robotics' fetch: pos_ctrl *= 0.05
+    GOAL = "goal"
+    WITH_GOAL = ("carry", "release")
+
+    def __init__(self, task: FetchPickPlace) -> None:
+        self.task = task
+
+    def _grip_quaternion(self) -> Vector:
+        return np.array(self.task._fetch.data.body("robot0:gripper_link").xquat, dtype=np.float64)
+
+    def eef_pose(self) -> Pose:
+        return Pose(self.task._grip(), self._grip_quaternion())
+
+    def object_poses(self) -> dict[str, Pose]:
+        cube = Pose(self.task._object(), np.array(self.task._fetch.data.body("object0").xquat, dtype=np.float64))
+        return {"object0": cube, self.GOAL: Pose(self.task._goal())}
+
+    def reference(self, segment: str, target: str | None) -> str | None:
+        return self.GOAL if segment.rsplit("_", 1)[0] in self.WITH_GOAL else target
+
+    def gripper(self, action: np.ndarray) -> float:
+        return float(np.asarray(action, dtype=np.float64).reshape(-1)[3])
+
+    def commanded_pose(self, action: np.ndarray) -> Pose:
+        move = np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[:3], -1.0, 1.0)
+        return Pose(self.task._grip() + self.MOCAP_STEP * move, self._grip_quaternion())
+
+    def action_toward(self, pose: Pose, gripper: float) -> np.ndarray:
+        move = np.clip((pose.position - self.task._grip()) / self.MOCAP_STEP, -1.0, 1.0)
+        return np.append(move, np.clip(gripper, -1.0, 1.0)).astype(np.float32)
 
 
 # ------------------------------------------------------------------------------------------ registry

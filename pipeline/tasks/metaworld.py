@@ -50,6 +50,7 @@ from demoforge.pipeline.tasks.registry import (
 )
 from demoforge.pipeline.tasks.suite import TaskSuiteEnv
 from demoforge.stages.contract import RecordedObservation
+from demoforge.stages.task_protocol import Pose
 
 PREFIX = "metaworld-"
 SUPPORTED_METAWORLD = "3.0.0"  # the version lerobot[metaworld] 0.6.1 pins; the phase tables are written for it
@@ -330,6 +331,74 @@ class MetaWorldTask(gym.Wrapper):
 
     def demo_instruction(self) -> str:
         return description(self.name)
+
+    def demo_poses(self) -> MetaWorldPoses | None:
+        """The poses ``demoforge multiply`` needs, for the envs :data:`POSE_TASKS` describes (None: others)."""
+        return MetaWorldPoses(self._sawyer, self.name) if self.name in POSE_TASKS else None
+
+
+# The envs ``demoforge multiply`` can multiply: env -> (the body whose orientation is the object's, None: the
+# object is the goal; the phases that move with the goal rather than the object: carrying it there, inserting).
+POSE_TASKS: Mapping[str, tuple[str | None, frozenset[str]]] = {
+    "reach-v3": (None, frozenset()),
+    "pick-place-v3": ("obj", frozenset({"place"})),
+    "push-v3": ("obj", frozenset({"push"})),
+    "drawer-open-v3": ("drawer_link", frozenset()),
+    "peg-insert-side-v3": ("peg", frozenset({"move", "insert"})),
+    "assembly-v3": ("RoundNut", frozenset({"move", "insert"})),
+    "hammer-v3": ("hammer", frozenset({"hammer"})),
+}
+GOAL = "goal"
+
+
+class MetaWorldPoses:
+    """What ``demoforge multiply`` reads and commands of a Meta-World Sawyer (stages/task_protocol.py
+    ``TaskPoses``).
+
+    The action is a Cartesian delta: it moves the mocap body the hand is welded to by ``action_scale`` metres
+    per unit (clipped to [-1, 1], then to the mocap's box), the orientation fixed. The hand lags the mocap by up
+    to a few centimetres while it moves, so the end effector is reported where the controller holds it, at the
+    mocap (with the hand's orientation): commanded and reported poses are then in one frame, and the action
+    toward a pose is the clipped delta from the mocap. The object is the one the expert's phases target (at the
+    point the expert aims at, ``_get_pos_objects``), the goal is the env's target position."""
+
+    follows_plan = False  # a reactive expert: its segments end where its phase changes, not on request
+
+    def __init__(self, sawyer: Any, env: str) -> None:
+        self.sawyer = sawyer
+        self.body, self.with_goal = POSE_TASKS[env]
+        self.object = PHASES[env].obj
+
+    def _mocap(self) -> np.ndarray:
+        return np.array(self.sawyer.data.mocap_pos[0], dtype=np.float64)
+
+    def _hand_quaternion(self) -> np.ndarray:
+        return np.array(self.sawyer.data.body("hand").xquat, dtype=np.float64)
+
+    def eef_pose(self) -> Pose:
+        return Pose(self._mocap(), self._hand_quaternion())
+
+    def object_poses(self) -> dict[str, Pose]:
+        poses = {GOAL: Pose(np.asarray(self.sawyer._target_pos, dtype=np.float64))}
+        if self.body is not None:
+            poses[self.object] = Pose(np.asarray(self.sawyer._get_pos_objects()[:3], dtype=np.float64),
+                                      np.array(self.sawyer.data.body(self.body).xquat, dtype=np.float64))
+        return poses
+
+    def reference(self, segment: str, target: str | None) -> str | None:
+        return GOAL if segment in self.with_goal else target
+
+    def gripper(self, action: np.ndarray) -> float:
+        return float(np.asarray(action, dtype=np.float64).reshape(-1)[3])
+
+    def commanded_pose(self, action: np.ndarray) -> Pose:
+        move = np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[:3], -1.0, 1.0)
+        target = np.clip(self._mocap() + move * self.sawyer.action_scale, self.sawyer.mocap_low, self.sawyer.mocap_high)
+        return Pose(target, self._hand_quaternion())
+
+    def action_toward(self, pose: Pose, gripper: float) -> np.ndarray:
+        move = np.clip((pose.position - self._mocap()) / self.sawyer.action_scale, -1.0, 1.0)
+        return np.append(move, np.clip(gripper, -1.0, 1.0)).astype(np.float32)
 
 
 def _as_lerobot_returns(image: np.ndarray, camera: str) -> np.ndarray:
