@@ -181,6 +181,12 @@ def run_replay(path: Path | str, *, episodes: str | None = None, sample: int | N
             available = source.episodes()
         except EpisodeSourceError as exc:
             raise ReplayInputError(str(exc)) from None
+        pruned = pruned_episodes(source)
+        if pruned and not available:
+            raise ReplayInputError(
+                f"{path}: its {pruned} committed episode(s) were pruned (their staged data deleted after "
+                "`demoforge export`), so the store holds nothing to replay; replay the dataset they were exported "
+                "to: demoforge replay DATASET")
         chosen = select_episodes(available, episodes, sample)
         _check_tasks(source, chosen)
         # Each episode is checked with its own task's tolerance (a dataset may hold several jobs' tasks).
@@ -206,9 +212,26 @@ def run_replay(path: Path | str, *, episodes: str | None = None, sample: int | N
     notes = []
     if not chosen:
         notes.append("no episode selected" if available else "the input holds no committed episode")
+    if pruned:
+        notes.append(f"{pruned} episode(s) of the store were pruned after export and are not replayed here; "
+                     "replay them from the dataset: demoforge replay DATASET")
     return ReplayReport(source=str(path), kind=source.kind, task=source.schema.task, settings=described,
                         episodes=sorted(verdicts, key=lambda v: v.number), running_versions=library_versions(),
                         elapsed_s=time.monotonic() - started, available=len(available), notes=notes)
+
+
+def pruned_episodes(source: EpisodeSource) -> int:
+    """How many of a store's episodes were pruned (staged data deleted after export; the dataset holds them),
+    which a store source leaves out; 0 for a dataset."""
+    if source.kind != "store":
+        return 0
+    from demoforge.storage.catalog import Catalog
+
+    catalog = Catalog.open_read_only(Path(source.path))
+    try:
+        return catalog.pruned_count()
+    finally:
+        catalog.close()
 
 
 def _run_here(source: EpisodeSource, refs: Sequence[EpisodeRef], settings: ReplaySettings,
@@ -290,6 +313,7 @@ def camera_text(verdict: EpisodeVerdict) -> str:
 def print_report(report: ReplayReport, console: Any) -> None:
     """The summary table, one line per problem and the version note (a few lines, no traceback)."""
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=f"replay of {report.source} ({report.kind}, task {report.task})")
     with_images = bool(report.settings["images"])
@@ -299,19 +323,19 @@ def print_report(report: ReplayReport, console: Any) -> None:
     style = {REPRODUCED: "green", DIVERGED: "red", ERROR: "yellow"}
     for v in report.episodes:
         worst = max(v.max_errors.values(), default=None)
-        row = [str(v.number), str(v.seed), str(v.frames), f"[{style[v.verdict]}]{v.verdict}[/]", _where(v),
-               _error_text(v), "-" if worst is None else f"{worst:.3g}"]
+        row: list[str | Text] = [str(v.number), str(v.seed), str(v.frames), Text(v.verdict, style=style[v.verdict]),
+                                 _where(v), _error_text(v), "-" if worst is None else f"{worst:.3g}"]
         table.add_row(*row, *([camera_text(v)] if with_images else []))
     if report.episodes:
         console.print(table)
     for v in report.episodes:
         if v.verdict == DIVERGED and v.divergence is not None:
             d = v.divergence
-            console.print(f"[red]DIVERGED[/] {v.label}: frame {d.frame} (segment {d.segment!r}, step {d.segment_step} "
-                          f"of it): {d.detail}; {v.mismatched_frames} of {v.frames} frames differ", markup=True,
-                          highlight=False)
+            console.print(Text.assemble(("DIVERGED", "red"), f" {v.label}: frame {d.frame} (segment {d.segment!r}, "
+                                        f"step {d.segment_step} of it): {d.detail}; {v.mismatched_frames} of "
+                                        f"{v.frames} frames differ"), highlight=False)
         elif v.verdict == ERROR:
-            console.print(f"[yellow]CANNOT REPLAY[/] {v.error}", highlight=False)
+            console.print(Text.assemble(("CANNOT REPLAY", "yellow"), f" {v.error}"), highlight=False)
     s = report.settings
     counts = report.counts()
     images = f"; images: PSNR >= {s['min_psnr_db']:g} dB ({s['codec']})" if s["images"] else ""

@@ -34,7 +34,7 @@ def test_run_prints_each_episodes_segments():
                      "--option", "image_size=64", fresh=True)  # a fresh interpreter: its imports print here
     assert result.returncode == 0, result.stderr
     assert "reach_0[" in result.stdout and "release_0[" in result.stdout
-    assert "committable=2" in result.stdout
+    assert "succeeded=2" in result.stdout and "nothing was stored" in result.stdout
     # gymnasium-robotics' import-time notice about its Adroit envs (none of which a task uses) is not shown.
     assert "Adroit" not in result.stderr and "Adroit" not in result.stdout, result.stderr
 
@@ -90,8 +90,11 @@ def test_every_command_and_option_is_documented_with_an_example():
             assert action.help, f"demoforge {name} {action.option_strings or action.dest} has no help text"
             if action.option_strings and not action.required:
                 shown_help = command._get_formatter()._get_help_string(action) or ""
-                # the default is named once: in the option's own words or by the formatter, never both
+                # the default is named once, in one style: "(default: VALUE)", never Python's None/False/[]
                 assert len(re.findall(r"\bdefault: ", shown_help, re.IGNORECASE)) == 1, (name, action.dest, shown_help)
+                assert "(default: " in shown_help or "; default: " in shown_help, (name, action.dest, shown_help)
+                assert not re.search(r"default: (None|False|True|\[\])|\(None: |Default: ", shown_help), (
+                    name, action.dest, shown_help)
     shown = run_cli("--help")
     assert shown.returncode == 0 and "example:" in shown.stdout
 

@@ -202,6 +202,44 @@ def test_a_suite_job_commits_each_task_resumes_and_exports_one_task_index_per_ta
     assert len({next(iter(v)) for v in by_member.values()}) == len(members)
 
 
+def test_each_member_records_its_own_first_episode_and_a_closed_member_is_never_rendered() -> None:
+    # An attempt found its recorder before the suite became the episode's member: each member's first episode
+    # was rendered by the member before it, already closed (its GL context gone, a new one leaked until exit).
+    from demoforge.pipeline.tasks.mujoco_gl import render_rgb
+    from demoforge.pipeline.tasks.suite import TaskSuiteEnv
+    from demoforge.stages.records import AttemptStarted, EpisodeLayout, Frame
+
+    members = ("metaworld-reach-v3", "metaworld-push-v3")
+    options = get_task(members[0]).resolve_options({"image_size": 64, "antialias": False, "max_steps": 2})
+    built: list[Any] = []
+
+    def build(member: str) -> Any:
+        built.append(mw.MetaWorldTask(member.removeprefix(mw.PREFIX), options))
+        return built[-1]
+
+    suite = TaskSuiteEnv(members, build)
+    seeds, first = {}, {}
+    try:
+        for record in run_episodes(suite, task="two", episodes=1, max_attempts=1, layout=EpisodeLayout(2),
+                                   cameras=get_task(members[0]).info(options).cameras):
+            if isinstance(record, AttemptStarted):
+                seeds[record.key.episode_index] = record.seed
+            elif isinstance(record, Frame) and record.step == 0:
+                first[record.key.episode_index] = record.images[mw.IMAGE_KEY]
+    finally:
+        suite.close()
+    assert sorted(first) == [0, 1_000_000] and len(built) == 2
+    for index, image in first.items():
+        alone = build(members[index // 1_000_000])
+        try:
+            observation, _ = alone.reset(seed=seeds[index])
+            assert np.array_equal(alone.demo_record(observation).images[mw.IMAGE_KEY], image), index
+        finally:
+            alone.close()
+    with pytest.raises(RuntimeError, match="closed env"):
+        render_rgb(built[0]._sawyer.mujoco_renderer)
+
+
 def test_a_task_whose_expert_never_succeeds_is_given_up_and_the_suite_goes_on(tmp_path) -> None:
     store = tmp_path / "very-hard"
     done = run_cli("generate", "--task", "metaworld-very-hard", "--episodes", "1", "--option", "camera=none",

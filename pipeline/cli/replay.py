@@ -22,19 +22,19 @@ def add_replay_parser(sub: argparse._SubParsersAction) -> None:
                    help="a store (its committed episodes) or a dataset written by `demoforge export`")
     p.add_argument("--episodes", default=None, metavar="SPEC",
                    help="episode numbers, e.g. 0-9,12,40- (a store's job episode index, a dataset's episode "
-                        "index; None: all)")
+                        "index; default: all)")
     p.add_argument("--sample", type=int, default=None, metavar="N",
                    help="replay N of the selected episodes, picked by a fixed hash of their number (the same N "
-                        "every time; None: all)")
+                        "every time; default: all)")
     p.add_argument("--atol", type=float, default=None,
-                   help="absolute tolerance for states and rewards (None: the task's, see docs/reliability.md)")
+                   help="absolute tolerance for states and rewards (default: the task's, see docs/reliability.md)")
     p.add_argument("--rtol", type=float, default=None,
-                   help="relative tolerance for states and rewards (None: the task's)")
+                   help="relative tolerance for states and rewards (default: the task's)")
     p.add_argument("--images", action="store_true",
                    help="also compare every re-rendered camera frame with the stored video: RGB by PSNR, depth "
                         "cameras' 12-bit codes exactly")
     p.add_argument("--min-psnr", type=float, default=None, metavar="DB",
-                   help="lowest PSNR a stored frame may have with --images (None: the codec's threshold)")
+                   help="lowest PSNR a stored frame may have with --images (default: the codec's threshold)")
     p.add_argument("--workers", type=int, default=1, help="episodes replayed in parallel worker processes")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.set_defaults(fn=cmd_replay)

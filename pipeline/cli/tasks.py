@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
+import textwrap
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from demoforge.pipeline.cli.common import EXIT_FAIL, EXIT_OK, add_command, add_job_options, make_console, task_options
 from demoforge.pipeline.tasks.randomization import RANDOMIZE, RANGES
@@ -46,15 +49,99 @@ def _task_row(name: str) -> dict[str, Any]:
             "state_shapes": {k: list(v) for k, v in info.state_shapes.items()},
             "segments": list(info.segment_names), "labels_any_state": info.labels_any_state,
             "options": entry.resolve_options(),  # every option (the fingerprint leaves some defaults out)
-            "randomization_axes": list(entry.randomization.axes()) if entry.randomization is not None else []}
+            "randomization_axes": list(entry.randomization.axes()) if entry.randomization is not None else [],
+            "suite": list(info.suite)}  # a suite's member tasks ([] for a task)
 
 
 def _segment_summary(names: Sequence[str]) -> str:
-    """``15 (reach_0 ... release_2)``: a count that never makes the table wrap; full list with ``tasks NAME``."""
+    """``15 (reach_0 ... release_2)``: a count that stays short; the full list with ``tasks NAME``."""
     unique = list(dict.fromkeys(names))
     if len(unique) <= 2:
         return f"{len(unique)} ({' '.join(unique)})"
     return f"{len(unique)} ({unique[0]} ... {unique[-1]})"
+
+
+#: The narrowest description column beside a row; narrower, the description goes on the lines under it.
+MIN_DESCRIPTION = 30
+#: How far a line under a row (its description, or a stacked row's details) is indented.
+INDENT = 4
+GAP = "  "  # between columns: a camera cell has one space inside
+
+
+def short_description(row: Mapping[str, Any]) -> str:
+    """One line about a task: its description without parenthesised asides, up to the first ``;``; a suite
+    says how many tasks it runs (``tasks NAME`` names them all)."""
+    members = row.get("suite") or []
+    if members:
+        return f"{len(members)} tasks: " + ", ".join(members[:3]) + (", ..." if len(members) > 3 else "")
+    text = str(row["description"])
+    while (shorter := re.sub(r" \([^()]*\)", "", text)) != text:
+        text = shorter
+    return " ".join(text.split(";", 1)[0].split()).rstrip(".")
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """Lines of at most ``width`` characters, broken at spaces only (a word longer than a line keeps its line)."""
+    return textwrap.wrap(text, max(width, 1), break_long_words=False, break_on_hyphens=False) or [""]
+
+
+def _camera_cells(row: Mapping[str, Any]) -> list[str]:
+    return [f"{name} {shape[0]}x{shape[1]}" for name, shape in row["cameras"].items()] or ["-"]
+
+
+def _join(cells: Sequence[Sequence[str]], widths: Sequence[int]) -> list[str]:
+    """Cells of several lines side by side, each column padded to its width; no line ends in spaces."""
+    height = max(len(c) for c in cells)
+    lines = []
+    for i in range(height):
+        parts = [(c[i] if i < len(c) else "").ljust(w) for c, w in zip(cells, widths)]
+        lines.append(GAP.join(parts).rstrip())
+    return lines
+
+
+def task_table(rows: Sequence[Mapping[str, Any]], width: int) -> list[str]:
+    """The listing as lines that fit ``width`` columns where the names allow: tasks, then suites; name, fps,
+    cameras, action and a short description beside (or, narrow, under) each; the segments when wide enough;
+    every line stacked (name, then details) when even the columns do not fit. Names are never cut."""
+    tasks = [r for r in rows if not r.get("suite")]
+    suites = [r for r in rows if r.get("suite")]
+    cells = {r["name"]: {"fps": [str(r["fps"])], "action": [str(tuple(r["action_shape"]))],
+                         "segments": [_segment_summary(r["segments"])], "cameras": [", ".join(_camera_cells(r))]}
+             for r in rows}
+    name_w = max([len("task")] + [len(r["name"]) for r in rows])
+
+    def widths(columns: Sequence[str]) -> list[int]:
+        return [name_w] + [max([len(col)] + [len(line) for c in cells.values() for line in c[col]])
+                           for col in columns]
+
+    columns = ["fps", "cameras", "action"]
+    if sum(widths(columns)) + len(GAP) * len(columns) + MIN_DESCRIPTION > width:
+        for r in rows:  # one camera per line
+            cells[r["name"]]["cameras"] = _camera_cells(r)
+    fixed = sum(widths(columns)) + len(GAP) * len(columns)
+    if fixed + len(GAP) + max((len(c["segments"][0]) for c in cells.values()), default=0) + 60 <= width:
+        columns.append("segments")  # a wide terminal: the segment summary too
+        fixed = sum(widths(columns)) + len(GAP) * len(columns)
+    beside = width - fixed - len(GAP) >= MIN_DESCRIPTION
+
+    def render(r: Mapping[str, Any]) -> list[str]:
+        about = short_description(r)
+        if fixed > width:  # not even the columns fit: the name, then its details under it
+            details = f"{r['fps']} fps; cameras {', '.join(_camera_cells(r))}; action {tuple(r['action_shape'])}"
+            return [r["name"]] + [" " * INDENT + line for text in (details, about)
+                                  for line in _wrap(text, width - INDENT)]
+        row_cells = [[r["name"]]] + [cells[r["name"]][col] for col in columns]
+        if beside:
+            return _join(row_cells + [_wrap(about, width - fixed - len(GAP))], widths(columns) + [0])
+        return _join(row_cells, widths(columns)) + [" " * INDENT + line for line in _wrap(about, width - INDENT)]
+
+    heading = GAP.join(h.ljust(w) for h, w in zip(["task", *columns], widths(columns)))
+    heading = (heading + GAP + "description" if beside else heading).rstrip()
+    lines = ([heading] if fixed <= width else []) + [line for r in tasks for line in render(r)]
+    if suites:
+        lines += ["", *_wrap("suites: several tasks in one job and one store, --episodes N of each", width)]
+        lines += [line for r in suites for line in render(r)]
+    return lines
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
@@ -72,44 +159,13 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        console = Console(highlight=False)
-
-        def cells_of(compact: bool) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-            """Full cells, or (on a narrow terminal) camera sizes without names and no action column."""
-            cams = [(_sizes(r["cameras"]) if compact else ", ".join(f"{k} {v[0]}x{v[1]}" for k, v in r["cameras"].items()))
-                    or "-" for r in rows]
-            if compact:
-                return ("task", "fps", "cameras"), [(r["name"], str(r["fps"]), c) for r, c in zip(rows, cams)]
-            return ("task", "fps", "cameras", "action"), [(r["name"], str(r["fps"]), c, str(tuple(r["action_shape"])))
-                                                          for r, c in zip(rows, cams)]
-
-        def width(cols: tuple[str, ...], cells: list[tuple[str, ...]]) -> int:
-            return sum(max([len(col)] + [len(c[i]) for c in cells]) + 2 for i, col in enumerate(cols))
-
-        columns, cells = cells_of(compact=False)
-        longest = max((len(_segment_summary(r["segments"])) for r in rows), default=0)
-        if width(columns, cells) + min(longest, 26) > console.width:
-            columns, cells = cells_of(compact=True)
-        table = Table(title="demoforge tasks", title_justify="left", box=None, pad_edge=False)
-        # Every column but the segment summary keeps its full width: a name copied from here must work.
-        for i, col in enumerate(columns):
-            table.add_column(col, no_wrap=True, min_width=max([len(col)] + [len(c[i]) for c in cells]))
-        table.add_column("segments", overflow="ellipsis", no_wrap=True)
-        for c, r in zip(cells, rows):
-            table.add_row(*c, _segment_summary(r["segments"]))
-        console.print(table)  # wraps at the terminal width (soft wrap would overflow it)
-        make_console().print("details and options: demoforge tasks NAME")
+        width = shutil.get_terminal_size().columns
+        for line in [*task_table(rows, width), *_wrap("details, options and a suite's tasks: demoforge tasks NAME",
+                                                        width)]:
+            print(line)
     for failure in failures:
         make_console(stderr=True).print(f"demoforge tasks: warning: {failure}", markup=False)
     return EXIT_OK
-
-
-def _sizes(cameras: dict[str, Any]) -> str:
-    """A narrow terminal's camera cell: one camera's size, or how many cameras (`tasks NAME` has their sizes)."""
-    if len(cameras) == 1:
-        (shape,) = cameras.values()
-        return f"{shape[0]}x{shape[1]}"
-    return f"{len(cameras)} cams" if cameras else ""
 
 
 def entry_limit(task: str, key: str) -> float:
@@ -123,7 +179,7 @@ def _print_task(row: dict[str, Any], *, json_out: bool) -> int:
         print(json.dumps(row, indent=2))
         return EXIT_OK
     console = make_console()
-    console.print(f"[bold]{row['name']}[/bold]: {row['description']}")
+    console.print(Text.assemble((row["name"], "bold"), f": {row['description']}"))
     console.print(f"fps {row['fps']}; action {tuple(row['action_shape'])}")
     for name, shape in row["cameras"].items():
         kind = "depth (float32 metres)" if row["camera_kinds"].get(name) == "depth" else "RGB"
@@ -135,6 +191,9 @@ def _print_task(row: dict[str, Any], *, json_out: bool) -> int:
                   markup=False)
     segments = list(dict.fromkeys(row["segments"]))
     console.print(f"segments ({len(segments)}): " + " ".join(segments), markup=False)
+    if row["suite"]:
+        console.print(f"suite of {len(row['suite'])} tasks, --episodes N of each in one store: "
+                      + " ".join(row["suite"]))
     axes = row["randomization_axes"]
     console.print(f"randomization: --randomize {','.join(axes)} (any of them)" if axes else
                   "randomization: none (the task declares no scene to vary)", markup=False)
@@ -166,7 +225,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                    max_attempts=args.max_attempts, cameras=info.cameras, layout=layout):
             if isinstance(record, AttemptEnded):
                 r = record.result
-                outcomes["committable" if r.committable else r.terminal_reason.value] += 1
+                outcomes["succeeded" if r.committable else r.terminal_reason.value] += 1
                 segs = " ".join(f"{s.name}[{s.start_step},{s.end_step}){'' if s.success else '✗'}"
                                 for s in r.segments)
                 outcome = "success" if r.committable else (r.failure_reason or r.terminal_reason.value)
@@ -175,5 +234,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         env.close()
     console.print(table)
-    console.print("outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(outcomes.items())))
-    return EXIT_OK if outcomes["committable"] else EXIT_FAIL
+    console.print("outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(outcomes.items()))
+                  + " (nothing was stored: `demoforge generate` records episodes)")
+    return EXIT_OK if outcomes["succeeded"] else EXIT_FAIL

@@ -15,6 +15,7 @@ costs little; separate processes (``--executor process``) render in parallel.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -55,9 +56,17 @@ def own_context(renderer: Any) -> Iterator[None]:
         yield
 
 
+#: Renderers :func:`close_renderer` closed. gymnasium keeps a closed viewer and renders through it again (its GL
+#: context gone: another context's pixels, and a fresh context nobody frees before MuJoCo's EGL display is
+#: terminated at exit); a render of one of these is refused instead.
+_CLOSED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def render_rgb(renderer: Any, camera_id: int | None = None) -> np.ndarray:
     """One RGB frame (a copy) of a gymnasium ``MujocoRenderer``, from ``camera_id`` if given, rendered in its own
     GL context."""
+    if renderer in _CLOSED:
+        raise RuntimeError("render of a closed env (its GL context is freed): the caller holds an env it closed")
     with own_context(renderer):
         if camera_id is not None:
             renderer.camera_id = camera_id
@@ -65,7 +74,9 @@ def render_rgb(renderer: Any, camera_id: int | None = None) -> np.ndarray:
 
 
 def close_renderer(renderer: Any) -> None:
-    """Free a gymnasium ``MujocoRenderer``'s GL objects while its own context is current."""
+    """Free a gymnasium ``MujocoRenderer``'s GL objects while its own context is current (the env's own close
+    then destroys the context); a later :func:`render_rgb` of it is refused."""
+    _CLOSED.add(renderer)
     with GL_LOCK:
         viewer = offscreen_viewer(renderer)
         if viewer is not None:
