@@ -59,13 +59,15 @@ def test_export_training_snippet_runs(tmp_path):
 
 
 def test_api_page_script_runs(tmp_path):
-    """docs/api.md's script, as written, from a fresh process in a scratch folder (its runs/ lands there)."""
+    """docs/api.md's import list and script, as written, from a fresh process in a scratch folder (its runs/ lands
+    there)."""
     import subprocess
     import sys
 
     from helpers import cli_env
 
-    (block,) = python_blocks("api.md")
+    imports, script = python_blocks("api.md")
+    block = imports + "\n" + script
     result = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=cli_env(HF_HUB_OFFLINE="1"),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
