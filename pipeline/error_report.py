@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from demoforge.storage.write_errors import StorageWriteError, free_bytes, human_bytes, is_disk_full
+from demoforge.storage.write_errors import (
+    StorageWriteError,
+    free_bytes,
+    human_bytes,
+    is_disk_full,
+    is_not_permitted,
+)
 
 EXIT_WRITE_FAILED = 4  # an OS error while writing (full disk, I/O error, read-only filesystem)
 
@@ -48,18 +54,20 @@ def describe_write_failure(command: str, exc: BaseException, args: argparse.Name
     fallback = getattr(args, "out", None) if command == "export" else store
     free = free_bytes(where or fallback or Path("."))
     cause = "the disk is full" if is_disk_full(exc) else reason
+    denied = is_not_permitted(exc)
+    remedy = ("make that folder writable for this user (or choose another output)" if denied
+              else "free some space on that filesystem")
     lines = [f"demoforge {command}: error: {cause} ({reason}) while writing {what}",
              f"  where: {where or fallback or 'unknown path'}; {human_bytes(free)} free on that filesystem"]
     if command == "generate":
         lines.append(f"  safe: {store_safety(store)}")
-        lines.append("  next: free some space on that filesystem, then re-run the same command: it resumes where it "
-                     "stopped")
+        lines.append(f"  next: {remedy}, then re-run the same command: it resumes where it stopped")
     elif command == "export":
         lines.append(f"  safe: the published dataset {args.out} is unchanged and its unfinished new version was "
                      f"removed; the store(s) {', '.join(str(s) for s in stores)} untouched")
-        lines.append("  next: free some space, then run the same export again")
+        lines.append(f"  next: {remedy}, then run the same export again")
     else:
         lines.append("  safe: data committed before this error is intact")
-        lines.append("  next: free some space, then run the same command again")
+        lines.append(f"  next: {remedy}, then run the same command again")
     lines.append("  (exit status 4; add --debug for the traceback)")
     return "\n".join(lines)

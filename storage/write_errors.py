@@ -45,6 +45,11 @@ def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc)
 
 
+def is_not_permitted(exc: BaseException) -> bool:
+    """The folder may not be written (permissions, or a read-only filesystem): freeing space would not help."""
+    return isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 def is_write_error(exc: BaseException) -> bool:
     """An OS-level failure to store data (full disk, I/O error, read-only filesystem, ...)."""
     if isinstance(exc, StorageWriteError):

@@ -296,6 +296,7 @@ def test_an_unwritable_output_folder_is_an_os_error_named_in_a_few_lines(crashed
                                   capture_output=True, text=True, timeout=300)
             assert done.returncode == 4, done.stdout + done.stderr
             assert "Permission denied" in done.stderr and "the repaired dataset" in done.stderr, done.stderr
+            assert "make that folder writable" in done.stderr and "free some space" not in done.stderr, done.stderr
             assert "Traceback" not in done.stderr and "internal error" not in done.stderr
     finally:
         parent.chmod(stat.S_IRWXU)
