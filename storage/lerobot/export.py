@@ -157,12 +157,12 @@ def export_stores(stores: Sequence[Path | str], out: Path | str, *, repo_id: str
     with contextlib.ExitStack() as opened:
         sources = [_open_source(Path(p), opened) for p in stores]
         _refuse_duplicate_stores(sources)
+        target = resolve_target(out)  # first: it refuses a path no dataset can have (a NUL byte, too long)
         inside = output_overlap(out, {f"the store {n + 1}" if len(sources) > 1 else "the store": s.path
                                       for n, s in enumerate(sources)})
         if inside is not None:
             raise ExportError(f"--out {inside}: a dataset is written apart from the stores it is exported from; "
                               "nothing was written")
-        target = resolve_target(out)
         _check_schemas(sources, target.marker, out)
         check_writable(out.parent)
         lock_fd = lock_exports(target.versions)

@@ -22,6 +22,8 @@ def _places(path: Path | str) -> set[Path]:
     """Where a store or dataset at ``path`` lives: the path itself (its folder's links resolved), what it resolves
     to, and a dataset's ``NAME.versions`` beside it."""
     absolute = Path(os.path.abspath(path))
+    if "\x00" in str(absolute):  # no file system has it, so it overlaps nothing; the path checks refuse it
+        return {absolute}
     located = Path(os.path.realpath(absolute.parent)) / absolute.name
     return {located, Path(os.path.realpath(absolute)), versions_dir(located)}
 
