@@ -10,7 +10,9 @@ The source is extracted once, at the start of the command, in the driver: each s
 its task (seed and executed actions, as ``demoforge replay`` does, checked frame by frame) while the task's
 :class:`~demoforge.stages.task_protocol.TracksPoses` capability reports the end-effector pose, every object's
 pose and, per action, the pose it commanded and its gripper command. An episode that does not replay, or did not
-succeed, is skipped and named.
+succeed, is skipped and named. A Recorder's episodes (a teleoperation loop: no seed to replay from) carry those
+poses as recorded features (:func:`pose_features`, :func:`pose_frame`) and ``--task`` names their task. A source
+needs at least two usable episodes.
 
 Each attempt (:class:`MultipliedTask`) resets from its own seed (a new scene), then for each segment of the
 source's sequence picks a source episode (``random`` from the attempt's seed, or ``nearest`` reference pose),
@@ -26,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ import gymnasium as gym
 import numpy as np
 
 from demoforge.pipeline.multiply_plan import (
+    POSE_WIDTH,
     STRATEGIES,
     PlannedSegment,
     ExtractedEpisode,
@@ -62,6 +65,12 @@ DEFAULTS: Mapping[str, Any] = {"task": "", "task_options": "{}", "source": "", "
 _SALT = 0x6D756C74  # "mult": the attempt's source choices are their own stream of its seed
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 RECORDER_TASK = "recorder"  # pipeline/recorder.py's store task (not imported: it loads the recorder's writer)
+MIN_SOURCE_EPISODES = 2
+# What a Recorder loop records so that its recording can be multiplied (pose_features, pose_frame)
+EEF_POSE = "observation.eef_pose"
+COMMANDED_POSE = "observation.commanded_pose"
+OBJECT_POSES = "observation.object_poses."  # + the object's name, as the task's object_poses() names it
+POSE_NAMES = ("x", "y", "z", "qw", "qx", "qy", "qz")
 
 
 class MultiplyInputError(TaskOptionError):
@@ -305,8 +314,9 @@ def _unsegmented(segments: list[dict[str, Any]]) -> bool:
 
 def extract_source(path: Path, task: str | None, overrides: Mapping[str, Any],
                    on_note: Callable[[str], None] = lambda _line: None) -> MultiplySource:
-    """Check ``path`` as a source for ``task`` (None: the source's own) and extract it by replaying each episode;
-    raises :class:`MultiplyInputError` naming what cannot be multiplied. Writes nothing."""
+    """Check ``path`` as a source for ``task`` (None: the source's own) and extract it: by replaying each episode,
+    or from the poses a Recorder loop recorded; raises :class:`MultiplyInputError` naming what cannot be
+    multiplied. Writes nothing."""
     from demoforge.pipeline.replay import EnvCache
     from demoforge.storage.episode_source import EpisodeReadError, EpisodeSourceError, open_episode_source
 
@@ -328,35 +338,82 @@ def extract_source(path: Path, task: str | None, overrides: Mapping[str, Any],
         if len(tasks) > 1:
             raise MultiplyInputError(f"{path} holds episodes of {len(tasks)} tasks ({', '.join(tasks)}): multiply "
                                      "one task at a time (`demoforge edit --keep-where` selects one)")
+        if tasks[0] == RECORDER_TASK:
+            return _extract_recorded(path, opened, list(zip(refs, headers)), task, dict(overrides), envs, on_note)
         if task is not None and tasks[0] != task:
             raise MultiplyInputError(f"{path} holds episodes of task {tasks[0]!r}, not {task!r}: a source is "
                                      "multiplied in its own task")
-        if tasks[0] == RECORDER_TASK:
-            raise MultiplyInputError(f"{path} was written by a Recorder: its episodes name no task to replay them "
-                                     "in, so their poses cannot be read (not supported yet)")
         target, first_options = tasks[0], effective[0][1]
         if first_options is None:
             raise MultiplyInputError(f"{path} does not record the task options its episodes were made with "
                                      "(exported by an older demoforge): multiply its store, or re-export it")
         options = {**first_options, **overrides}
-        info = get_task(target).info(options)
-        if info.suite:
-            raise MultiplyInputError(f"{target!r} is a suite: multiply one member task at a time")
-        if tuple(opened.schema.action_shape) != tuple(info.action_shape):
-            raise MultiplyInputError(f"{path} records actions of shape {tuple(opened.schema.action_shape)}; task "
-                                     f"{target!r} takes {tuple(info.action_shape)}: a source is multiplied in its "
-                                     "own action space")
-        segmented = [_segments(record, ref.frames) for ref, (record, _) in zip(refs, headers)]
-        if not any(segs and not _unsegmented(segs) for segs in segmented):
-            raise MultiplyInputError(f"{path} records no segments (each episode is one plan of actions at most): "
-                                     "multiply moves each segment of a demonstration with the object it acts on")
-        if not any(s.get("target") for segs in segmented if segs for s in segs):
-            raise MultiplyInputError(f"no segment of {path} names a target object: multiply moves each segment "
-                                     "with its target (Segment(target=...))")
+        _check_task(path, target, options, tuple(opened.schema.action_shape))
+        segmented = _checked_segments(path, refs, headers)
+        _capable(_env(envs, refs[0].task, headers[0][1] or {}, refs[0].label), target)
+        _check_count(path, len(refs))
         return _extract(path, opened, list(zip(refs, headers, segmented)), target, options, envs, on_note)
     finally:
         envs.close()
         opened.close()
+
+
+def _check_task(path: Path, task: str, options: Mapping[str, Any], action_shape: tuple[int, ...]) -> None:
+    """The task is one task (not a suite) whose actions have the source's shape."""
+    info = get_task(task).info(options)
+    if info.suite:
+        raise MultiplyInputError(f"{task!r} is a suite: multiply one member task at a time")
+    if action_shape != tuple(info.action_shape):
+        raise MultiplyInputError(f"{path} records actions of shape {action_shape}; task {task!r} takes "
+                                 f"{tuple(info.action_shape)}: a source is multiplied in its own action space")
+
+
+def _checked_segments(path: Path, refs: list[Any], headers: list[Any]) -> list[list[dict[str, Any]] | None]:
+    """Each episode's segments (None: they do not tile its frames); refused when no episode has segments, or no
+    segment names a target."""
+    segmented = [_segments(record, ref.frames) for ref, (record, _) in zip(refs, headers)]
+    if not any(segs and not _unsegmented(segs) for segs in segmented):
+        raise MultiplyInputError(f"{path} records no segments (each episode is one plan of actions at most): "
+                                 "multiply moves each segment of a demonstration with the object it acts on")
+    if not any(s.get("target") for segs in segmented if segs for s in segs):
+        raise MultiplyInputError(f"no segment of {path} names a target object: multiply moves each segment "
+                                 "with its target (Segment(target=...); a Recorder's add_frame(..., target=...))")
+    return segmented
+
+
+def _check_count(path: Path, episodes: int) -> None:
+    """Refuse a source of one episode (issue 58): every generated segment would come from that one
+    demonstration, so no choice of source segment is left to vary, and one is usually a wrong selection."""
+    if episodes < MIN_SOURCE_EPISODES:
+        raise MultiplyInputError(f"{path} holds 1 episode: multiply needs at least {MIN_SOURCE_EPISODES} source "
+                                 "demonstrations to choose each segment from (generate or record more)")
+
+
+def _env(envs: Any, task: str, options: Mapping[str, Any], label: str) -> Any:
+    try:
+        return envs.get(task, options)
+    except Exception as exc:  # the task's own build: name it, as replay does
+        raise MultiplyInputError(f"cannot build task {task!r} to read {label}: {type(exc).__name__}: {exc}") from None
+
+
+def _capable(env: Any, task: str) -> TaskPoses:
+    poses = task_poses(env)
+    if poses is None:
+        raise MultiplyInputError(f"task {task!r} cannot be multiplied: it does not report the poses of its "
+                                 "robot and objects (the TracksPoses capability, docs/writing-a-task.md)")
+    return poses
+
+
+class _Skips:
+    """The source episodes left out, one line each (also reported as they happen)."""
+
+    def __init__(self, on_note: Callable[[str], None]) -> None:
+        self.lines: list[str] = []
+        self.on_note = on_note
+
+    def __call__(self, label: str, why: str) -> None:
+        self.lines.append(f"skipped source {label}: {why}")
+        self.on_note(self.lines[-1])
 
 
 def _extract(path: Path, opened: Any, episodes_in: list[tuple[Any, Any, list[dict[str, Any]] | None]], target: str,
@@ -366,12 +423,7 @@ def _extract(path: Path, opened: Any, episodes_in: list[tuple[Any, Any, list[dic
     from demoforge.pipeline.replay import EpisodeReplay, default_tolerance
     from demoforge.storage.episode_source import EpisodeReadError
 
-    skipped: list[str] = []
-
-    def skip(label: str, why: str) -> None:
-        skipped.append(f"skipped source {label}: {why}")
-        on_note(skipped[-1])
-
+    skip = _Skips(on_note)
     names: tuple[str, ...] | None = None
     episodes: list[ExtractedEpisode] = []
     for ref, (record, _), segments in episodes_in:
@@ -386,15 +438,8 @@ def _extract(path: Path, opened: Any, episodes_in: list[tuple[Any, Any, list[dic
         except EpisodeReadError as exc:
             skip(ref.label, f"cannot be read: {exc}")
             continue
-        try:
-            env = envs.get(ref.task, episode.task_options or {})
-        except Exception as exc:  # the task's own build: name it, as replay does
-            raise MultiplyInputError(f"cannot build task {ref.task!r} to replay {ref.label}: "
-                                     f"{type(exc).__name__}: {exc}") from None
-        poses = task_poses(env)
-        if poses is None:
-            raise MultiplyInputError(f"task {target!r} cannot be multiplied: it does not report the poses of its "
-                                     "robot and objects (the TracksPoses capability, docs/writing-a-task.md)")
+        env = _env(envs, ref.task, episode.task_options or {}, ref.label)
+        poses = _capable(env, target)
         recorder = _PoseRecorder(env, names)
         try:
             divergence, _, _ = EpisodeReplay(recorder, episode, tolerance=default_tolerance(target)).run()
@@ -408,21 +453,37 @@ def _extract(path: Path, opened: Any, episodes_in: list[tuple[Any, Any, list[dic
             continue
         names = recorder.names
         assert names is not None
-        missing = sorted({r for s in segments for r in [poses.reference(str(s["name"]), s.get("target"))]
-                          if r is not None and r not in names})
-        if missing:
-            raise MultiplyInputError(f"segments of {ref.label} move with {', '.join(map(repr, missing))}, which "
-                                     f"task {target!r} reports no pose of (it reports {', '.join(names)})")
-        parts = tuple(ExtractedSegment(index=i, name=str(s["name"]), target=s.get("target"),
-                                    instruction=s.get("instruction"), start=int(s["start_step"]),
-                                    end=int(s["end_step"]), reference=poses.reference(str(s["name"]), s.get("target")))
-                      for i, s in enumerate(segments))
+        parts = _parts(poses, segments)
+        _check_references(parts, names, ref.label, f"task {target!r} reports no pose of", f"it reports "
+                          f"{', '.join(names)}")
         episodes.append(ExtractedEpisode(number=ref.number, label=ref.label, seed=ref.seed, segments=parts,
-                                      eef=np.stack(recorder.eef), commanded=np.stack(recorder.commanded),
-                                      gripper=np.asarray(recorder.gripper, dtype=np.float64),
-                                      objects=np.stack(recorder.objects)))
+                                         eef=np.stack(recorder.eef), commanded=np.stack(recorder.commanded),
+                                         gripper=np.asarray(recorder.gripper, dtype=np.float64),
+                                         objects=np.stack(recorder.objects)))
+    return _assemble(path, target, options, names or (), episodes, skip)
+
+
+def _parts(poses: TaskPoses, segments: list[dict[str, Any]]) -> tuple[ExtractedSegment, ...]:
+    return tuple(ExtractedSegment(index=i, name=str(s["name"]), target=s.get("target"),
+                                  instruction=s.get("instruction"), start=int(s["start_step"]),
+                                  end=int(s["end_step"]), reference=poses.reference(str(s["name"]), s.get("target")))
+                 for i, s in enumerate(segments))
+
+
+def _check_references(parts: tuple[ExtractedSegment, ...], names: Collection[str], label: str, what: str,
+                      known: str) -> None:
+    missing = sorted({s.reference for s in parts if s.reference is not None and s.reference not in names})
+    if missing:
+        raise MultiplyInputError(f"segments of {label} move with {', '.join(map(repr, missing))}, which {what} "
+                                 f"({known})")
+
+
+def _assemble(path: Path, target: str, options: dict[str, Any], names: tuple[str, ...],
+              episodes: list[ExtractedEpisode], skip: _Skips) -> MultiplySource:
+    """The extracted source: the episodes of the most common segment sequence (others skipped, named), at
+    least :data:`MIN_SOURCE_EPISODES` of them."""
     if not episodes:
-        raise MultiplyInputError(f"no episode of {path} can be multiplied: " + "; ".join(skipped))
+        raise MultiplyInputError(f"no episode of {path} can be multiplied: " + "; ".join(skip.lines))
     sequences = Counter(tuple(s.name for s in e.segments) for e in episodes)
     sequence = max(sequences, key=lambda seq: (sequences[seq], -next(i for i, e in enumerate(episodes)
                                                                      if tuple(s.name for s in e.segments) == seq)))
@@ -433,7 +494,108 @@ def _extract(path: Path, opened: Any, episodes_in: list[tuple[Any, Any, list[dic
         else:
             skip(e.label, f"its segments ({' '.join(s.name for s in e.segments)}) differ from the other episodes' "
                           f"({' '.join(sequence)})")
-    assert names is not None
-    return MultiplySource(task=target, task_options=options, skipped=tuple(skipped),
+    if len(kept) < MIN_SOURCE_EPISODES:
+        raise MultiplyInputError(f"only 1 episode of {path} can be multiplied (the others were skipped, named "
+                                 f"above): multiply needs at least {MIN_SOURCE_EPISODES}")
+    return MultiplySource(task=target, task_options=options, skipped=tuple(skip.lines),
                           source=ExtractedSource(task=target, source=str(path.resolve()), object_names=names,
-                                           episodes=tuple(kept)))
+                                                 episodes=tuple(kept)))
+
+
+# ------------------------------------------------------------------------------------ Recorder-made sources
+def pose_features(env: Any) -> dict[str, dict[str, Any]]:
+    """The features a Recorder loop over ``env`` (a demoforge task's env, reset) adds to its own so that its
+    recording can be multiplied: :data:`EEF_POSE`, :data:`COMMANDED_POSE` and one :data:`OBJECT_POSES`
+    ``<name>`` per object the task reports, each 7 float32 (x, y, z, qw, qx, qy, qz; world frame)."""
+    poses = _loop_poses(env)
+    keys = (EEF_POSE, COMMANDED_POSE, *(OBJECT_POSES + name for name in sorted(poses.object_poses())))
+    return {key: {"dtype": "float32", "shape": (POSE_WIDTH,), "names": list(POSE_NAMES)} for key in keys}
+
+
+def pose_frame(env: Any, action: Any) -> dict[str, np.ndarray]:
+    """This frame's values of :func:`pose_features`, read before ``action`` is stepped: where the end effector
+    and the objects are, and the pose ``action`` commands from here (the task's own conversion)."""
+    poses = _loop_poses(env)
+    frame = {EEF_POSE: pose_row(poses.eef_pose()),
+             COMMANDED_POSE: pose_row(poses.commanded_pose(np.asarray(action, dtype=np.float64)))}
+    frame.update({OBJECT_POSES + name: pose_row(pose) for name, pose in poses.object_poses().items()})
+    return {key: value.astype(np.float32) for key, value in frame.items()}
+
+
+def _loop_poses(env: Any) -> TaskPoses:
+    poses = task_poses(env)
+    if poses is None:
+        raise TaskOptionError(f"{type(env).__name__} does not report poses (TracksPoses): a recording of it cannot "
+                              "be multiplied")
+    return poses
+
+
+def _recorded_poses(state: Mapping[str, np.ndarray], key: str, label: str) -> np.ndarray:
+    """A recorded pose feature's rows as float64, each a finite position and a non-zero quaternion; a
+    :class:`ValueError` naming the first frame that is not."""
+    rows = np.asarray(state[key], dtype=np.float64)
+    norms = np.linalg.norm(rows[:, 3:POSE_WIDTH], axis=1)
+    bad = ~np.all(np.isfinite(rows), axis=1) | ~(norms > 1e-9)
+    if bad.any():
+        raise ValueError(f"frame {int(np.argmax(bad))}'s {key} is not a pose (a finite position and a non-zero "
+                         f"quaternion w, x, y, z)")
+    return rows
+
+
+def _extract_recorded(path: Path, opened: Any, episodes_in: list[tuple[Any, Any]], task: str | None,
+                      options: dict[str, Any], envs: Any, on_note: Callable[[str], None]) -> MultiplySource:
+    """A Recorder's episodes name no task and cannot be replayed from a seed (a teleoperation loop is not
+    seeded): the task is ``--task``'s, with its default options overlaid with ``--option``, and the poses are
+    the ones the loop recorded (:func:`pose_features`); the gripper commands are read from the actions by the
+    task. The frame after the last action is not recorded: its poses are the last frame's."""
+    from demoforge.storage.episode_source import EpisodeReadError
+
+    if task is None:
+        raise MultiplyInputError(f"{path} was written by a Recorder, whose episodes name no task: name the task "
+                                 "its loop ran over with --task")
+    _check_task(path, task, options, tuple(opened.schema.action_shape))
+    shapes = {key: tuple(shape) for key, shape in opened.schema.state_shapes.items()}
+    names = tuple(sorted(key[len(OBJECT_POSES):] for key in shapes if key.startswith(OBJECT_POSES)))
+    missing = [key for key in (EEF_POSE, COMMANDED_POSE) if key not in shapes] + \
+        ([f"{OBJECT_POSES}<name>"] if not names else [])
+    if missing:
+        raise MultiplyInputError(f"{path} was written by a Recorder and records no {', '.join(missing)}: record the "
+                                 "poses multiply moves (pose_features and pose_frame, docs/multiply.md)")
+    wrong = sorted(key for key in (EEF_POSE, COMMANDED_POSE, *(OBJECT_POSES + n for n in names))
+                   if shapes[key] != (POSE_WIDTH,))
+    if wrong:
+        raise MultiplyInputError(f"{path} records {', '.join(wrong)} with another shape than ({POSE_WIDTH},) "
+                                 f"({', '.join(POSE_NAMES)})")
+    refs, headers = [r for r, _ in episodes_in], [h for _, h in episodes_in]
+    segmented = _checked_segments(path, refs, headers)
+    env = _env(envs, task, options, "the source")
+    poses = _capable(env, task)
+    _check_count(path, len(refs))
+    env.reset(seed=0)
+    reported = tuple(sorted(poses.object_poses()))
+    skip = _Skips(on_note)
+    episodes: list[ExtractedEpisode] = []
+    for ref, (record, _), segments in zip(refs, headers, segmented):
+        if segments is None:
+            skip(ref.label, "its segments do not cover its frames in order")
+            continue
+        parts = _parts(poses, segments)
+        _check_references(parts, names, ref.label, f"{path} records no pose of",
+                          f"it records {', '.join(OBJECT_POSES + n for n in names)}")
+        _check_references(parts, reported, ref.label, f"task {task!r} reports no pose of",
+                          f"it reports {', '.join(reported)}")
+        try:
+            episode = opened.load(ref)
+            eef, commanded = (_recorded_poses(episode.state, key, ref.label) for key in (EEF_POSE, COMMANDED_POSE))
+            objects = np.stack([_recorded_poses(episode.state, OBJECT_POSES + n, ref.label) for n in names], axis=1)
+        except EpisodeReadError as exc:
+            skip(ref.label, f"cannot be read: {exc}")
+            continue
+        except ValueError as exc:
+            skip(ref.label, str(exc))
+            continue
+        gripper = np.array([poses.gripper(np.asarray(a, dtype=np.float64)) for a in episode.action])
+        episodes.append(ExtractedEpisode(number=ref.number, label=ref.label, seed=ref.seed, segments=parts,
+                                         eef=np.concatenate([eef, eef[-1:]]), commanded=commanded, gripper=gripper,
+                                         objects=np.concatenate([objects, objects[-1:]])))
+    return _assemble(path, task, options, names, episodes, skip)

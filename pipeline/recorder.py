@@ -271,7 +271,8 @@ class Recorder:
         self._held: _Held | None = None
         self._key: AttemptKey | None = None
         self._task: str | None = None
-        self._segments: list[tuple[str, int, str | None]] = []  # (name, start step, instruction) in this episode
+        # (name, start step, instruction, target) of each segment in this episode
+        self._segments: list[tuple[str, int, str | None, str | None]] = []
         self._unpublished = 0
         self.saved = 0  # episodes this recorder saved
         committed = store.catalog.committed()
@@ -344,11 +345,11 @@ class Recorder:
         return 0 if self._held is None else self._held.step + 1
 
     def add_frame(self, frame: Mapping[str, Any], *, segment: str | None = None, instruction: str | None = None,
-                  reward: float = 0.0) -> None:
+                  reward: float = 0.0, target: str | None = None) -> None:
         """Add one frame (every feature, and ``task``: the episode's instruction). ``segment`` names the
         sub-trajectory it belongs to (reach, grasp, ...; consecutive frames of one name are one segment, with
-        ``instruction`` as its language); ``reward`` is recorded as ``next.reward``. Blocks while the stages are
-        behind."""
+        ``instruction`` as its language and ``target`` as the object it acts on, both taken from its first
+        frame); ``reward`` is recorded as ``next.reward``. Blocks while the stages are behind."""
         self._check_open()
         if not isinstance(frame, Mapping):
             raise FrameError(f"a frame is a dict of feature name -> value, got {type(frame).__name__}")
@@ -362,6 +363,8 @@ class Recorder:
         name = DEFAULT_SEGMENT if segment is None else segment
         if not isinstance(name, str) or not name or len(name) > 200:
             raise FrameError(f"segment={segment!r}: expected a non-empty name of at most 200 characters")
+        if target is not None and (not isinstance(target, str) or not target or len(target) > 200):
+            raise FrameError(f"target={target!r}: expected None or a non-empty name of at most 200 characters")
         if not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise FrameError(f"reward={reward!r}: expected a finite number")
         states, action, images = self.features.numbers(frame)
@@ -371,14 +374,14 @@ class Recorder:
             key = self._key = AttemptKey(self._next_index, self._attempt)
             self._send_record(AttemptStarted(key, seed=0, row=0))
             step, segment_id, segment_step = 0, 0, 0
-            self._segments = [(name, 0, instruction)]
+            self._segments = [(name, 0, instruction, target)]
         else:
             step = held.step + 1
             if name == held.segment:
                 segment_id, segment_step = held.segment_id, held.segment_step + 1
             else:
                 segment_id, segment_step = held.segment_id + 1, 0
-                self._segments.append((name, step, instruction))
+                self._segments.append((name, step, instruction, target))
             self._emit(held, segment_end=segment_step == 0, last=False)
         self._held = _Held(states, action, images, float(reward), name, step, segment_id, segment_step)
 
@@ -391,8 +394,8 @@ class Recorder:
         future = self._outcomes.expect(key)
         self._emit(held, segment_end=True, last=True)
         frames = held.step + 1
-        segments = tuple(SegmentResult(i, name, start, end, True, instruction=instruction)
-                         for i, ((name, start, instruction), end) in enumerate(
+        segments = tuple(SegmentResult(i, name, start, end, True, instruction=instruction, target=target)
+                         for i, ((name, start, instruction, target), end) in enumerate(
                              zip(self._segments, [s[1] for s in self._segments[1:]] + [frames])))
         result = EpisodeResult(task=RECORDER_TASK, episode_index=key.episode_index, attempt=key.attempt, seed=0,
                                row=0, length=frames, completed=True, success=True, terminated=True, truncated=False,

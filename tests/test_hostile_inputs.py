@@ -79,6 +79,24 @@ def _pruned_copy(w: Path) -> None:
     assert run_cli("prune", "--store", str(w / "pruned"), "--exported").returncode == 0
 
 
+def _one_episode(store: Path) -> None:
+    assert run_cli("generate", *ONE, "--codec", "h264", "--store", str(store)).returncode == 0
+
+
+def _pose_less_recording(root: Path) -> None:
+    """A Recorder loop's dataset of two episodes that name a segment target but record no poses."""
+    from demoforge import Recorder
+
+    features = {"observation.state": {"dtype": "float32", "shape": (8,), "names": None},
+                "action": {"dtype": "float32", "shape": (4,), "names": None}}
+    with Recorder.create(root, fps=10, features=features, codec="h264") as recorder:
+        for _ in range(2):
+            for _ in range(3):
+                recorder.add_frame({"observation.state": np.zeros(8, np.float32), "action": np.zeros(4, np.float32),
+                                    "task": "reach"}, segment="reach", target="goal")
+            recorder.save_episode()
+
+
 def _nan_stats(dataset: Path) -> None:
     shutil.copytree(dataset.parent / "base" / "ds", dataset, symlinks=False)
     stats = json.loads((dataset / "meta" / "stats.json").read_text())
@@ -201,6 +219,15 @@ CLI_CASES: list[Hostile] = [
                                                 *MULTIPLY_OUT), "--interpolation must be in 0..1000", absent=("out",)),
     Hostile("multiply-unknown-option", ("multiply", "{w}/base/store", "--option", "bogus=1", *MULTIPLY_OUT),
             "has no option 'bogus'", absent=("out",)),
+    Hostile("multiply-one-episode-source", ("multiply", "{w}/one", *MULTIPLY_OUT),
+            "holds 1 episode: multiply needs at least 2 source demonstrations", setup=lambda w: _one_episode(w / "one"),
+            watched=("base", "one"), absent=("out",)),
+    Hostile("multiply-recording-without-task", ("multiply", "{w}/rec", *MULTIPLY_OUT),
+            "was written by a Recorder, whose episodes name no task", setup=lambda w: _pose_less_recording(w / "rec"),
+            watched=("base", "rec"), absent=("out",)),
+    Hostile("multiply-recording-without-poses", ("multiply", "{w}/rec", "--task", "metaworld-reach-v3",
+                                                 *MULTIPLY_OUT), "records no observation.eef_pose",
+            setup=lambda w: _pose_less_recording(w / "rec"), watched=("base", "rec"), absent=("out",)),
     Hostile("multiply-into-its-source", ("multiply", "{w}/base/store", "--episodes", "1", "--store",
                                          "{w}/base/store"), "was created for a different job"),
     Hostile("option-not-key-value", ("run", *BASE_JOB[:2], "--episodes", "1", "--option", "image_size"),
@@ -297,6 +324,8 @@ RECORDER_CASES: list[HostileCall] = [
     HostileCall("instruction-too-long", lambda r: r.add_frame(recorder_frame(), segment="other",
                                                                 instruction="x" * 1001), "FrameError",
                 "got 1001 characters"),
+    HostileCall("empty-target", lambda r: r.add_frame(recorder_frame(), segment="other", target=""), "FrameError",
+                "target=''"),
     HostileCall("task-changes-mid-episode", lambda r: r.add_frame({**recorder_frame(), "task": "other"}),
                 "FrameError", "task"),
 ]

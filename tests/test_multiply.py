@@ -6,8 +6,11 @@ with one line, exit 2 and nothing written."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sqlite3
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -26,10 +29,12 @@ from demoforge.pipeline.multiply_plan import (
     pose_row,
 )
 from demoforge.stages.task_protocol import Pose
-from helpers import run_cli
+from demoforge.storage.episode_source import open_episode_source
+from helpers import REPO, cli_env, run_cli
 
 FETCH = ("--option", "cycles=1", "--option", "image_size=64", "--option", "antialias=false", "--codec", "h264")
 REACH = ("--task", "metaworld-reach-v3", "--option", "camera=none", "--codec", "h264")  # no renderer: fast
+SO101 = ("--option", "image_height=32", "--option", "image_width=32", "--option", "antialias=false", "--codec", "h264")
 
 
 # ------------------------------------------------------------------------------------------- the planning math
@@ -178,7 +183,7 @@ def test_a_resumed_job_on_the_process_executor_makes_the_episodes_of_an_uninterr
 
 @pytest.mark.slow
 def test_a_metaworld_source_is_multiplied_and_a_diverging_episode_is_skipped_by_name(tmp_path):
-    source = _generate(tmp_path / "reach", *REACH)
+    source = _generate(tmp_path / "reach", *REACH, episodes=3)
     dataset = tmp_path / "reach-ds"
     assert run_cli("export", "--store", str(source), "--out", str(dataset)).returncode == 0
     sidecar = dataset / "meta" / "demoforge_episodes.jsonl"
@@ -190,18 +195,22 @@ def test_a_metaworld_source_is_multiplied_and_a_diverging_episode_is_skipped_by_
                      "--store", str(store))
     assert result.returncode == 0, result.stderr
     assert "warning: skipped source dataset episode 0: does not replay" in result.stderr
-    assert {r["segments"][0]["metadata"]["multiply"]["source_episode"] for _, _, r in _catalog(store)} == {1}
+    assert {s["metadata"]["multiply"]["source_episode"] for _, _, r in _catalog(store) for s in r["segments"]} \
+        <= {1, 2}
     assert run_cli("replay", str(store)).returncode == 0
-    # No episode left: refused, nothing written.
-    rows[1]["seed"] += 1
-    sidecar.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    none = run_cli("multiply", str(dataset), *REACH[2:], "--episodes", "2", "--store", str(tmp_path / "none"))
-    assert none.returncode == 2 and "no episode of" in none.stderr and not (tmp_path / "none").exists()
+    # One episode left, then none: refused, nothing written.
+    for broken, fragment in ((1, "only 1 episode of"), (2, "no episode of")):
+        rows[broken]["seed"] += 1
+        sidecar.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out = tmp_path / f"none{broken}"
+        refused = run_cli("multiply", str(dataset), *REACH[2:], "--episodes", "2", "--store", str(out))
+        assert refused.returncode == 2 and fragment in refused.stderr and not out.exists(), refused.stderr
 
 
 @pytest.mark.slow
 def test_sources_that_cannot_be_multiplied_are_refused_with_one_line_and_nothing_written(fetch_source, tmp_path):
     toy = _generate(tmp_path / "toy", "--task", "toy-point", "--codec", "h264", "--option", "steps=6")
+    one = _generate(tmp_path / "one", "--task", "toy-cube", "--codec", "h264", episodes=1)
     empty = _generate(tmp_path / "empty", "--task", "fetch-pick-place", *FETCH, episodes=0)
     button = _generate(tmp_path / "button", "--task", "metaworld-button-press-topdown-v3", "--option", "camera=none",
                        "--codec", "h264", episodes=1)
@@ -213,6 +222,7 @@ def test_sources_that_cannot_be_multiplied_are_refused_with_one_line_and_nothing
     cases = [((str(fetch_source), "--task", "metaworld-reach-v3"), "holds episodes of task 'fetch-pick-place', not"),
              ((str(toy),), "names a target object"),
              ((str(empty),), "has no episodes to multiply"),
+             ((str(one),), "holds 1 episode: multiply needs at least 2 source demonstrations"),
              ((str(button),), "cannot be multiplied: it does not report the poses"),
              ((str(flat),), "records no segments"),
              ((str(tmp_path / "missing"),), "does not exist"),
@@ -225,3 +235,150 @@ def test_sources_that_cannot_be_multiplied_are_refused_with_one_line_and_nothing
             (args, result.stderr)
         assert fragment in lines[0], (fragment, lines[0])
         assert not store.exists(), args
+
+
+# ------------------------------------------------------------------------------- a joint-space arm: the SO-101
+def test_the_so101_pose_conversion_is_inverse_kinematics_that_inverts_its_forward_kinematics():
+    """mink's inverse kinematics from the arm's current angles finds the joint targets whose fingertip pose was
+    asked for (a nearby pose of the arm's reach: one solution), and a far pose is approached by a bounded step."""
+    import mujoco
+
+    from demoforge.pipeline.tasks.so101_pick_place import So101PickPlaceEnv, So101Poses
+
+    scene = So101PickPlaceEnv(32, 32, False, False)  # no reset: nothing is rendered
+    poses = So101Poses(scene)
+    rng = np.random.default_rng(0)
+    low, high = scene.units.low[:5] + 0.05, scene.units.high[:5] - 0.05  # inside the joint limits
+
+    for _ in range(10):
+        here = np.clip(scene.home[:5] + rng.uniform(-0.3, 0.3, 5), low, high)
+        scene.data.qpos[:5] = here
+        mujoco.mj_forward(scene.model, scene.data)
+        action = scene.units.to_lerobot(np.array([*np.clip(here + rng.uniform(-0.02, 0.02, 5), low, high), 0.0]))
+        action[5] = 30.0
+        pose = poses.commanded_pose(action)
+        assert np.all(np.abs(pose.position - scene.tip()) < So101Poses.MAX_STEP)  # within one step's reach
+        back = poses.action_toward(pose, 30.0)
+        assert np.allclose(back[:5], action[:5], atol=1e-3) and back[5] == 30.0, (back, action)
+        assert _same_pose_within(poses.commanded_pose(back), pose, 1e-6)
+    far = Pose(scene.tip() + np.array([0.1, -0.1, 0.05]), pose.quaternion)
+    step = poses.commanded_pose(poses.action_toward(far, 0.0)).position - scene.tip()
+    # (the orientation asked for is met as nearly as five joints allow at the new position: within a millimetre)
+    assert np.all(np.abs(step - So101Poses.MAX_STEP * np.array([1.0, -1.0, 1.0])) < 1e-3), step
+    scene.close()
+
+
+def _same_pose_within(a: Pose, b: Pose, atol: float) -> bool:
+    return bool(np.allclose(pose_matrix(a), pose_matrix(b), atol=atol))
+
+
+@pytest.mark.slow
+def test_a_multiplied_so101_episode_replays_and_records_its_provenance(tmp_path):
+    source = _generate(tmp_path / "so101", "--task", "so101-pick-place", *SO101)
+    store = tmp_path / "store"
+    result = run_cli("multiply", str(source), *SO101, "--episodes", "1", "--seed", "7", "--max-attempts", "5",
+                     "--store", str(store))
+    assert result.returncode == 0, result.stderr
+    replayed = run_cli("replay", str(store))
+    assert replayed.returncode == 0 and "1 reproduced" in replayed.stdout, replayed.stdout + replayed.stderr
+    (_, _, record), = _catalog(store)
+    assert [s["name"] for s in record["segments"]] == ["reach", "descend", "grasp", "lift", "carry", "place",
+                                                       "release", "retreat"]
+    for segment in record["segments"]:
+        origin = segment["metadata"]["multiply"]
+        assert origin["reference"] == ("target" if segment["name"] in ("carry", "place", "release", "retreat")
+                                       else "cube")
+        assert origin["source_episode"] in (0, 1) and origin["source_segment_name"] == segment["name"]
+
+
+# --------------------------------------------------------------------------------------- a plugin task
+def _states(path):
+    """Each episode's recorded state (by its number) and record, read from a store or dataset."""
+    source = open_episode_source(path)
+    try:
+        return {ref.number: (source.load(ref).state["observation.state"].astype(np.float64), source.header(ref)[0])
+                for ref in source.episodes()}
+    finally:
+        source.close()
+
+
+def _cube(state: np.ndarray, frame: int) -> Pose:
+    """toy-cube's cube pose in its recorded state (position, then yaw)."""
+    yaw = state[frame, 6]
+    return Pose(state[frame, 3:6], np.array([np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2)]))
+
+
+@pytest.mark.slow
+def test_a_plugin_task_with_the_capability_is_multiplied_like_a_built_in_one(tmp_path):
+    """tests/toy_tasks.py's toy-cube (a plugin, rebuilt by name in worker processes): its generated episodes
+    replay, and each segment's recorded transform takes the source's cube pose at the source segment's start to
+    the cube's pose at the generated segment's start."""
+    source = _generate(tmp_path / "toy", "--task", "toy-cube", "--codec", "h264")
+    store = tmp_path / "store"
+    result = run_cli("multiply", str(source), "--episodes", "3", "--seed", "9", "--max-attempts", "10",
+                     "--executor", "process", "--store", str(store))
+    assert result.returncode == 0, result.stderr
+    assert run_cli("replay", str(store)).returncode == 0
+    sources, generated = _states(source), _states(store)
+    assert len(generated) == 3
+    for state, record in generated.values():
+        assert [s["name"] for s in record["segments"]] == ["reach", "descend", "grasp", "lift"]
+        assert state[-1, 7] == 1.0  # the cube is held at the end (success lifted it)
+        for segment in record["segments"]:
+            origin = segment["metadata"]["multiply"]
+            source_state, _ = sources[origin["source_episode"]]
+            then, now = _cube(source_state, origin["source_frames"][0]), _cube(state, segment["start_step"])
+            moved = np.asarray(origin["transform"]) @ pose_matrix(then)
+            assert origin["reference"] == "cube" and np.allclose(moved, pose_matrix(now), atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ Recorder-made sources
+@pytest.mark.slow
+def test_a_recorder_made_source_is_multiplied_in_the_task_its_loop_drove(tmp_path):
+    """docs/multiply.md's Recorder loop (the Meta-World expert with a shaky hand, through the env directly)
+    records the poses; `multiply --task` makes replayable episodes from it. Without --task, or without the pose
+    features, it is refused."""
+    block, = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "multiply.md").read_text(), flags=re.S)
+    done = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=cli_env(HF_HUB_OFFLINE="1"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "saved episode 2" in done.stdout, done.stderr[-2000:]
+    recording = tmp_path / "runs" / "pick-place-teleop"
+    rows = [json.loads(line) for line in (recording / "meta" / "demoforge_episodes.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(s["target"] == "puck" for r in rows for s in r["segments"])
+    no_task = run_cli("multiply", str(recording), "--episodes", "1", "--store", str(tmp_path / "none"))
+    assert no_task.returncode == 2 and "name the task its loop ran over with --task" in no_task.stderr
+    assert not (tmp_path / "none").exists()
+    store = tmp_path / "store"
+    result = run_cli("multiply", str(recording), "--task", "metaworld-pick-place-v3", "--option", "camera=none",
+                     "--codec", "h264", "--episodes", "2", "--seed", "4", "--max-attempts", "10", "--store", str(store))
+    assert result.returncode == 0, result.stderr
+    assert run_cli("replay", str(store)).returncode == 0
+    for _, _, record in _catalog(store):
+        assert [s["name"] for s in record["segments"]] == [s["name"] for s in rows[0]["segments"]]
+        for segment in record["segments"]:
+            origin = segment["metadata"]["multiply"]
+            assert origin["source_label"].startswith("dataset episode") and origin["source_seed"] == 0
+
+
+def test_a_recording_without_poses_or_with_a_bad_target_is_refused(tmp_path):
+    from demoforge import Recorder
+    from demoforge.pipeline.recorder import FrameError
+
+    features = {"observation.state": {"dtype": "float32", "shape": (8,), "names": None},
+                "action": {"dtype": "float32", "shape": (4,), "names": None}}
+    root = tmp_path / "bare"
+    with Recorder.create(root, fps=10, features=features, codec="h264") as recorder:
+        frame = {"observation.state": np.zeros(8, np.float32), "action": np.zeros(4, np.float32), "task": "lift"}
+        with pytest.raises(FrameError, match="target=''"):
+            recorder.add_frame(frame, segment="reach", target="")
+        for _ in range(2):
+            for _ in range(3):
+                recorder.add_frame(frame, segment="reach", target="cube")
+            recorder.save_episode()
+    rows = [json.loads(line) for line in (root / "meta" / "demoforge_episodes.jsonl").read_text().splitlines()]
+    assert [[(s["name"], s["target"]) for s in r["segments"]] for r in rows] == [[("reach", "cube")]] * 2
+    out = tmp_path / "out"
+    refused = run_cli("multiply", str(root), "--task", "toy-cube", "--episodes", "1", "--store", str(out))
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1 and not out.exists(), refused.stderr
+    assert "records no observation.eef_pose, observation.commanded_pose, observation.object_poses.<name>" in lines[0]

@@ -30,10 +30,11 @@ def add_multiply_parser(sub: argparse._SubParsersAction) -> None:
                     help="make N new demonstrations from a few recorded ones, segment by segment, each moved with "
                          "the object it acts on (MimicGen's scheme); resumable like generate")
     p.add_argument("source", type=Path, metavar="SOURCE",
-                   help="a store or an exported dataset of one task whose episodes have segments with targets "
-                        "(written by generate, a Recorder loop or an earlier multiply)")
+                   help="a store or an exported dataset of one task, of 2 or more episodes with segments with "
+                        "targets (written by generate, an earlier multiply, or a Recorder loop that recorded its "
+                        "poses: name its task with --task; docs/multiply.md)")
     add_job_options(p)
-    p.set_defaults(task=None)  # the source's task
+    p.set_defaults(task=None)  # the source's task (a Recorder's names none: --task is required)
     add_control_options(p)
     add_run_options(p)
     p.add_argument("--strategy", choices=("random", "nearest"), default="random",

@@ -13,6 +13,9 @@ The expert is reactive (it decides from the state alone, so it can label states 
 what the scene shows (is the cube held, over the target, on the table), a fingertip waypoint a bounded step
 toward the phase's goal, and inverse kinematics from MuJoCo's own Jacobians (damped least squares on the
 gripper site; :class:`ArmIk`) for the joint targets.
+
+``demoforge multiply`` reads the fingertip, cube and target poses and converts target fingertip poses into
+actions by inverse kinematics with the ``mink`` library (:class:`So101Poses`, :class:`MinkIk`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from demoforge.pipeline.tasks.registry import (
     register,
 )
 from demoforge.stages.contract import RecordedObservation
+from demoforge.stages.task_protocol import Pose
 
 TASK_NAME = "so101-pick-place"
 MODEL_PACKAGE = "so101-nexus"
@@ -447,6 +451,7 @@ class So101PickPlace(gym.Wrapper):
         self.scene: So101PickPlaceEnv = self.env.unwrapped  # type: ignore[assignment]
         self.expert = So101Expert(self.scene)
         self._last: Any = None
+        self._poses: So101Poses | None = None
 
     @property
     def physics_model(self) -> Any:
@@ -477,6 +482,119 @@ class So101PickPlace(gym.Wrapper):
 
     def demo_instruction(self) -> str:
         return INSTRUCTION
+
+    def demo_poses(self) -> So101Poses:
+        """The poses ``demoforge multiply`` reads and commands (one object per env: its IK solver is reused)."""
+        if self._poses is None:
+            self._poses = So101Poses(self.scene)
+        return self._poses
+
+
+# ------------------------------------------------------------------------------------------ multiply
+class MinkIk:
+    """Joint angles that put the fingertip site at a pose: differential inverse kinematics with ``mink`` (a
+    quadratic program per iteration, the joint limits as constraints), iterated to convergence from the arm's
+    current angles, in ``mink``'s own scratch data (the simulation is untouched).
+
+    Five joints cannot reach every orientation at a position: the orientation is weighed per axis of the site
+    frame (its z axis points to the tips): the roll about the tips (the jaws' yaw) nearly as much as a
+    position error, the tilt of the tips less, so the position wins where both cannot be met."""
+
+    POSITION_COST = 1.0
+    ORIENTATION_COST = (0.05, 0.05, 0.3)  # the site's x, y (tilt) and z (the jaws' roll about the tips)
+    ITERATIONS = 40
+    CONVERGED = 1e-7  # radians: the largest joint change of an iteration that ends the solve
+    DAMPING = 1e-4
+
+    def __init__(self, model: mujoco.MjModel) -> None:
+        import mink  # here: describe() and the expert need no QP solver
+
+        self._mink = mink
+        self.configuration = mink.Configuration(model)
+        self.task = mink.FrameTask(SITE, "site", position_cost=self.POSITION_COST,
+                                   orientation_cost=np.array(self.ORIENTATION_COST))
+        self.limits = [mink.ConfigurationLimit(model)]
+        self.qadr = np.array([model.jnt_qposadr[model.joint(j).id] for j in ARM_JOINTS])
+        self.site = model.site(SITE).id
+
+    def forward(self, arm: np.ndarray) -> Pose:
+        """The fingertip site's pose for arm joint angles ``arm`` (5 values, radians)."""
+        q = self.configuration.data.qpos.copy()
+        q[self.qadr] = arm
+        self.configuration.update(q)
+        return self._site_pose()
+
+    def _site_pose(self) -> Pose:
+        data = self.configuration.data
+        quaternion = np.empty(4)
+        mujoco.mju_mat2Quat(quaternion, data.site_xmat[self.site])
+        return Pose(np.array(data.site_xpos[self.site]), quaternion)
+
+    def solve(self, start: np.ndarray, pose: Pose) -> np.ndarray:
+        """Arm joint angles (5, radians) from ``start`` toward ``pose``: the weighted nearest where it is out of
+        reach."""
+        mink = self._mink
+        q = self.configuration.data.qpos.copy()
+        q[self.qadr] = start
+        self.configuration.update(q)
+        self.task.set_target(mink.SE3.from_rotation_and_translation(mink.SO3(wxyz=pose.quaternion), pose.position))
+        for _ in range(self.ITERATIONS):
+            velocity = mink.solve_ik(self.configuration, [self.task], 1.0, "daqp", damping=self.DAMPING,
+                                     limits=self.limits)
+            self.configuration.integrate_inplace(velocity, 1.0)
+            if float(np.max(np.abs(velocity[self.qadr]))) < self.CONVERGED:
+                break
+        return np.array(self.configuration.data.qpos[self.qadr])
+
+
+class So101Poses:
+    """What ``demoforge multiply`` reads and commands of the SO-101 (stages/task_protocol.py ``TaskPoses``).
+
+    The arm is joint-space: an action is the five joint targets (and the gripper) in LeRobot's units, so the
+    pose it commands is the fingertip site's pose at those angles (forward kinematics), and the action toward a
+    pose is inverse kinematics (:class:`MinkIk`, from the arm's current angles). As the expert's own waypoint
+    does, the commanded fingertip leads the fingertip by at most ``MAX_STEP`` per axis: a far pose is approached
+    over several frames (multiply's interpolation counts them), not in one jump the position servos would
+    overshoot. The cube's reach, descent, grasp and lift move with the cube; carrying, placing, releasing and
+    retreating move with the target disc."""
+
+    follows_plan = False  # a reactive expert: its segments end where its phase changes, not on request
+    TARGET = "target"
+    WITH_TARGET = frozenset({"carry", "place", "release", "retreat"})
+    MAX_STEP = 0.012  # metres per axis per frame (the expert's waypoint leads by SPEED, 0.008)
+
+    def __init__(self, scene: So101PickPlaceEnv) -> None:
+        self.scene = scene
+        self.ik = MinkIk(scene.model)
+
+    def eef_pose(self) -> Pose:
+        data = self.scene.data
+        quaternion = np.empty(4)
+        mujoco.mju_mat2Quat(quaternion, data.site_xmat[self.scene.ik.site])
+        return Pose(np.array(data.site_xpos[self.scene.ik.site]), quaternion)
+
+    def object_poses(self) -> dict[str, Pose]:
+        body = self.scene.data.body("cube")
+        target = np.array(self.scene.model.geom_pos[self.scene.model.geom(self.TARGET).id], dtype=np.float64)
+        return {"cube": Pose(np.array(body.xpos), np.array(body.xquat)), self.TARGET: Pose(target)}
+
+    def reference(self, segment: str, target: str | None) -> str | None:
+        return self.TARGET if segment in self.WITH_TARGET else target
+
+    def gripper(self, action: np.ndarray) -> float:
+        return float(np.asarray(action, dtype=np.float64).reshape(-1)[5])
+
+    def commanded_pose(self, action: np.ndarray) -> Pose:
+        radians = self.scene.units.to_radians(np.asarray(action, dtype=np.float64).reshape(-1))
+        return self.ik.forward(radians[:5])
+
+    def action_toward(self, pose: Pose, gripper: float) -> np.ndarray:
+        tip = self.scene.tip()
+        near = Pose(tip + np.clip(pose.position - tip, -self.MAX_STEP, self.MAX_STEP), pose.quaternion)
+        arm = self.ik.solve(np.array(self.scene.data.qpos[:5]), near)
+        action = self.scene.units.to_lerobot(np.array([*arm, 0.0]))
+        action[5] = np.clip(gripper, 0.0, 100.0)
+        return action
 
 
 # ---------------------------------------------------------------------------------------- registry
