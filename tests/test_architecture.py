@@ -107,9 +107,9 @@ def test_the_checker_sees_an_upward_import_and_a_circle() -> None:
 # The ground floor has floors of its own: its core (staging, catalog, the store, schema, video, the LeRobot
 # statistics leaf and its compiled sums), then the LeRobot dataset format and its export, edit and repair
 # (storage/lerobot/), then what reads both a store and a dataset (replay's episode source, inspect, the
-# samplers, the viewer).
+# samplers, the viewer, the other formats a dataset is converted to).
 STORAGE_READERS = ("demoforge.storage.episode_source", "demoforge.storage.inspect", "demoforge.storage.sampling",
-                   "demoforge.storage.viewer")
+                   "demoforge.storage.viewer", "demoforge.storage.convert")
 
 
 def storage_floor(module: str) -> int:

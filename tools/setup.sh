@@ -9,11 +9,12 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 # 1. Debian packages: EGL/Mesa for offscreen MuJoCo rendering, FFmpeg 5.1 shared libraries for torchcodec,
 #    Chromium and its WebDriver for the viewer's browser tests (tests/test_viewer.py, tools/screenshot_viewer.py),
 #    FUSE 3 (fusermount3, and the headers, pkg-config and gcc that build pyfuse3) for the power-cut file system
-#    (tools/powercut_fs.py, tests/test_power_cut.py).
+#    (tools/powercut_fs.py, tests/test_power_cut.py); cmake, make and g++ build robomimic's egl_probe (test extra).
 DEB_PACKAGES=(libegl1 libegl-mesa0 libgl1-mesa-dri libopengl0 libosmesa6
               libavutil57 libavcodec59 libavformat59 libavdevice59 libavfilter8 libswscale6 libswresample4
               chromium chromium-driver
-              fuse3 libfuse3-dev pkg-config gcc)
+              fuse3 libfuse3-dev pkg-config gcc
+              cmake make g++)
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

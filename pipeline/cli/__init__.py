@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from demoforge.pipeline.cli import (
+    convert,
     daemon,
     edit,
     evaluate,
@@ -47,7 +48,7 @@ settings; 3 the daemon stopped a failing job; 4 an OS error while writing (e.g. 
 
 #: Each adds one command, in the order `demoforge --help` lists them.
 COMMANDS = (tasks.add_tasks_parser, tasks.add_run_parser, generate.add_generate_parser, multiply.add_multiply_parser,
-            export.add_export_parser,
+            export.add_export_parser, convert.add_convert_parser,
             export.add_validate_parser, edit.add_edit_parser, edit.add_merge_parser, store.add_inspect_parser,
             view.add_view_parser, store.add_status_parser, daemon.add_daemon_parser, store.add_verify_parser,
             store.add_prune_parser, replay.add_replay_parser, rerender.add_rerender_parser, evaluate.add_eval_parser,
@@ -100,6 +101,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from demoforge.pipeline.daemon_config import DaemonConfigError
     from demoforge.pipeline.replay_run import ReplayInputError
     from demoforge.storage.catalog import JobMismatchError
+    from demoforge.storage.convert.report import ConvertError
     from demoforge.storage.lerobot.export import ExportError
     from demoforge.storage.lerobot.repair import RepairError
     from demoforge.storage.staging import StagingFormatError
@@ -107,7 +109,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
 
     return (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
             ExportError, DaemonConfigError, ViewerError, ReplayInputError, ExecutorError, StagingFormatError,
-            RepairError)
+            RepairError, ConvertError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,5 @@
-"""``demoforge edit`` (delete, filter or split a published dataset's episodes) and ``demoforge merge`` (datasets
-into a new one): lossless and atomic, video packets copied."""
+"""``demoforge edit`` (delete, filter, split or trim a published dataset's episodes) and ``demoforge merge``
+(datasets into a new one): lossless and atomic, video packets copied."""
 
 from __future__ import annotations
 
@@ -21,11 +21,12 @@ from demoforge.storage.lerobot.episode_filter import FilterError, describe_field
 
 def add_edit_parser(sub: argparse._SubParsersAction) -> None:
     p = add_command(
-        sub, "edit", help="delete, filter or split the episodes of a published dataset without re-encoding video "
-                          "(atomic; a new version, or new datasets)",
+        sub, "edit", help="delete, filter, split or trim the episodes of a published dataset without re-encoding "
+                          "video (atomic; a new version, or new datasets)",
         description="Choose episodes, then publish them losslessly (packets copied) and atomically: as the "
                     "dataset's next version (default), as a new dataset (--out), or as one dataset per part "
-                    "(--split ... --out-root). Rules combine: an episode stays when no rule removes it.\n\n"
+                    "(--split ... --out-root). Rules combine: an episode stays when no rule removes it. --trim "
+                    "drops frames at the ends of episodes instead (only those up to a keyframe re-encoded).\n\n"
                     "--keep-where fields:\n" + describe_fields(),
         example="demoforge edit runs/fetch-dataset --delete 3,7 --keep-where 'length >= 50' --dry-run")
     p.add_argument("dataset", type=Path, metavar="DATASET_DIR",
@@ -38,6 +39,11 @@ def add_edit_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-where", default=None, metavar="EXPR",
                    help='keep only episodes matching EXPR, e.g. \'outcome == "success" and length >= 50\' '
                         "(fields above; default: all)")
+    p.add_argument("--trim", default=None, metavar="SPEC",
+                   help="drop frames at each episode's start and end: start=N,end=M (frame counts; a segmented "
+                        "episode is cut between segments) or segments=NAME+NAME (those segments at either end, e.g. "
+                        "segments=idle+retreat); with --keep-where, only the episodes it matches are trimmed and the "
+                        "others kept as they are (default: no trim)")
     p.add_argument("--task", default=None, metavar="NAME",
                    help="keep only episodes of this task (a LeRobot task string or a demoforge task name; default: all)")
     p.add_argument("--replay-report", type=Path, default=None, metavar="FILE",
@@ -84,11 +90,14 @@ def _edit_progress(console: Console) -> Callable[[str, int, int], None]:
 def cmd_edit(args: argparse.Namespace) -> int:
     from demoforge.storage.lerobot.edit_selection import parse_split, read_replay_report
     from demoforge.storage.lerobot.edit_source import EditError, open_dataset
+    from demoforge.storage.lerobot.edit_trim import parse_trim
     from demoforge.storage.lerobot.edit import edit_dataset
 
-    if not (args.delete or args.delete_rejected or args.keep_where or args.task or args.split or args.out):
-        raise EditError("say what to change: --delete, --delete-rejected, --keep-where, --task, or --split / --out "
-                        "(see `demoforge edit --help`)")
+    if not (args.delete or args.delete_rejected or args.keep_where or args.task or args.split or args.out
+            or args.trim):
+        raise EditError("say what to change: --delete, --delete-rejected, --keep-where, --task, --trim, or --split / "
+                        "--out (see `demoforge edit --help`)")
+    trim = parse_trim(args.trim) if args.trim is not None else None
     if args.stratify is not None and args.split is None:
         raise EditError("--stratify is for --split")
     try:
@@ -101,7 +110,7 @@ def cmd_edit(args: argparse.Namespace) -> int:
                           split=parse_split(args.split) if args.split else None, seed=args.seed,
                           stratify=args.stratify, out_root=args.out_root, repo_id=args.repo_id, dry_run=args.dry_run,
                           again=args.again, progress=_edit_progress(make_console(stderr=True)),
-                          stage_pause=export_pause())
+                          stage_pause=export_pause(), trim=trim)
     return _print_edit(report, args, "edit")
 
 
@@ -139,6 +148,9 @@ def _print_edit(report: Any, args: argparse.Namespace, command: str) -> int:
                       f"stream-copied, {o.video_files_linked} hard-linked; {o.reencoded_frames} frame(s) re-encoded"
                       + (f" (smart cut: {o.reencoded_episodes} episode(s) do not start on a keyframe)"
                          if o.reencoded_frames else ""), markup=False)
+        if o.trimmed_episodes:
+            console.print(f"{what}{'would trim' if o.status == DRY_RUN else 'trimmed'} {o.trimmed_episodes} "
+                          f"episode(s): {o.trimmed_frames} frame(s) dropped", markup=False)
     for note in report.notes:
         console.print(note, markup=False)
     tail = "dry run: nothing was written" if any(o.status == DRY_RUN for o in report.outputs) else \

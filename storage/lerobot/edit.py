@@ -20,6 +20,10 @@ What a version holds, file by file:
   sub-task language rows in the data are per episode and copied as they are), and the marker: the kept
   episodes, the removed ones (an export never adds them again), what the edit did, every file's checksum.
 
+``--trim`` keeps every episode and drops frames at the ends of some (``storage/lerobot/edit_trim.py`` decides the
+cuts and re-bases rows, records, sub-task columns and statistics): a trimmed episode's video span is smart-cut
+like any other, its rows are taken from its first kept frame, and its statistics are recomputed.
+
 A re-run after a crash finishes the edit, or reports that the published version is already its result
 (the marker records the edit), so an edit is never applied twice by accident.
 """
@@ -40,8 +44,18 @@ from typing import Any
 
 import numpy as np
 
-from demoforge.storage.lerobot.edit_selection import Selection, SplitPart, allocate_split, select
+from demoforge.storage.lerobot.edit_selection import Selection, SplitPart, allocate_split, episode_facts, select
 from demoforge.storage.lerobot.edit_source import DatasetToEdit, EditError, open_dataset
+from demoforge.storage.lerobot.edit_trim import (
+    Cut,
+    TrimSpec,
+    camera_stats,
+    numeric_stats,
+    rebase_record,
+    rebase_rows,
+    rebase_subtasks,
+    resolve_trims,
+)
 from demoforge.storage.lerobot.episode_filter import EpisodeFilter
 from demoforge.storage.lerobot.files import (
     DataFileWriter,
@@ -87,6 +101,7 @@ from demoforge.storage.lerobot.rejected import (
     rejected_list_path,
 )
 from demoforge.storage.lerobot_stats import vector_stats
+from demoforge.storage.lerobot.subtasks import COLUMNS as SUBTASK_COLUMNS
 from demoforge.storage.lerobot.subtasks import write_temporal_proportions
 from demoforge.storage.lerobot.video_cut import CopyResult, Span, SpanCut, VideoFile, copy_spans
 from demoforge.storage.paths import short_path
@@ -115,6 +130,8 @@ class WrittenDataset:
     reencoded_frames: int = 0
     reencoded_episodes: int = 0
     name: str | None = None  # a split part's name
+    trimmed_episodes: int = 0  # --trim: episodes cut, and the frames dropped from them
+    trimmed_frames: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
@@ -158,6 +175,12 @@ class _Plan:
     tasks: dict[str, int]
     runs: dict[str, list[_Run]]
     frames: int
+    trims: dict[int, Cut] = field(default_factory=dict)  # output position -> what --trim drops of it
+
+    def length(self, position: int) -> int:
+        source, index = self.chosen[position]
+        cut = self.trims.get(position)
+        return source.episodes[index].length - (cut.start + cut.end if cut else 0)
 
     @property
     def reencoded(self) -> tuple[int, int]:
@@ -169,10 +192,12 @@ class _Plan:
         return sum(1 for r in runs if not r.link), sum(1 for r in runs if r.link)
 
 
-def _plan(chosen: list[Chosen], *, analyse: bool = False) -> _Plan:
+def _plan(chosen: list[Chosen], *, analyse: bool = False, trims: Mapping[int, Cut] | None = None) -> _Plan:
     """Tasks, and for each camera the source files the output's episodes come from (linked when a file's
-    episodes are all kept in their order; otherwise cut). ``analyse``: also say what each cut re-encodes
-    (a dry run; a write learns it while it copies, reading each file once)."""
+    episodes are all kept in their order, untrimmed; otherwise cut). ``analyse``: also say what each cut
+    re-encodes (a dry run; a write learns it while it copies, reading each file once). ``trims``: frames
+    dropped at each end of the episodes at these output positions."""
+    trims = dict(trims or {})
     tasks: dict[str, int] = {}
     used: dict[int, set[str]] = {}
     for source, index in chosen:
@@ -193,7 +218,10 @@ def _plan(chosen: list[Chosen], *, analyse: bool = False) -> _Plan:
         runs[key] = []
         for position, (source, index) in enumerate(chosen):
             path, start, end = source.video_file(key, index)
-            span = Span(f"episode {index}", start, end, source.episodes[index].length)
+            cut = trims.get(position)
+            span = Span(f"episode {index}", start, end, source.episodes[index].length) if cut is None else \
+                Span(f"episode {index}", start + cut.start / source.fps, end - cut.end / source.fps,
+                     source.episodes[index].length - cut.start - cut.end)
             last = runs[key][-1] if runs[key] else None
             if last is not None and last.source is source and last.path == path:
                 last.positions.append(position)
@@ -202,12 +230,13 @@ def _plan(chosen: list[Chosen], *, analyse: bool = False) -> _Plan:
                 runs[key].append(_Run(key, source, path, [position], [span]))
         for run in runs[key]:
             members = [chosen[p][1] for p in run.positions]
-            run.link = members == holders[(id(run.source), run.path)]
+            run.link = members == holders[(id(run.source), run.path)] and not any(p in trims for p in run.positions)
             if not run.link and analyse:
                 video = VideoFile(run.path, run.source.fps)
                 run.cuts = [video.cut(span) for span in run.spans]
-    frames = sum(source.episodes[index].length for source, index in chosen)
-    return _Plan(chosen, tasks, runs, frames)
+    frames = sum(source.episodes[index].length for source, index in chosen) - \
+        sum(c.start + c.end for c in trims.values())
+    return _Plan(chosen, tasks, runs, frames, trims)
 
 
 def _estimate_bytes(plan: _Plan, out: Path) -> int:
@@ -287,7 +316,7 @@ class _VersionWriter:
         self.written.append(write_stats_file(build, self._stats, False))
         self.written.append(self._info(build))
         if all(s.has_sidecar for s, _ in chosen):
-            rows = [{**(s.episodes[i].record or {}), "dataset_episode_index": new} for new, (s, i) in enumerate(chosen)]
+            rows = [{**self._record(new), "dataset_episode_index": new} for new in range(len(chosen))]
             self.written.append(append_jsonl(build / SIDECAR, rows))
         ident = self.identity
         marker = ExportMarker(
@@ -300,6 +329,13 @@ class _VersionWriter:
             edit={**ident.edit, "reencoded_frames": plan.reencoded[0]})
         self.written.append(write_json(build / MARKER, marker.to_json()))
         return marker
+
+    def _record(self, position: int) -> dict[str, Any]:
+        """The sidecar record of an output episode (re-based when it was trimmed)."""
+        source, index = self.plan.chosen[position]
+        record = dict(source.episodes[index].record or {})
+        cut = self.plan.trims.get(position)
+        return rebase_record(record, cut, self.plan.length(position)) if cut is not None else record
 
     # -- video
     def _video_run(self, build: Path, run: _Run, cursor: tuple[int, int], video_meta: list[dict[str, Any]]) -> None:
@@ -330,14 +366,17 @@ class _VersionWriter:
     # -- data
     def _data(self, build: Path) -> tuple[list[tuple[int, int]], tuple[int, int]]:
         """The kept episodes' rows, renumbered: each source data file is read once, its kept rows taken and
-        their three columns rewritten at once, then handed to the writer episode by episode."""
+        their three columns rewritten at once, then handed to the writer episode by episode (a trimmed one
+        re-based first, and its statistics recomputed)."""
         import pyarrow as pa
 
-        chosen = self.plan.chosen
+        plan = self.plan
+        chosen = plan.chosen
         writer = DataFileWriter(build, chosen[0][0].features, (0, 0))
         spans: list[tuple[int, int]] = []
         self._stats: list[dict[str, dict[str, np.ndarray]]] = []
         self._renumbered: list[dict[str, dict[str, np.ndarray]]] = []
+        self._trimmed_stats: dict[int, dict[str, dict[str, np.ndarray]]] = {}
         frame = 0
         numbered = [(new, source, index) for new, (source, index) in enumerate(chosen)]
         try:  # one source file at a time (only its table is held)
@@ -345,10 +384,11 @@ class _VersionWriter:
                 members = list(group)
                 starts = [source.data_rows(index) for _new, _source, index in members]
                 table = starts[0][0]
-                lengths = [source.episodes[index].length for _new, _source, index in members]
-                taken = table.take(np.concatenate([np.arange(start, start + n) for (_t, start), n
-                                                   in zip(starts, lengths)]))
-                mapping = np.asarray([self.plan.tasks.get(name, -1) for name in source.tasks], dtype=np.int64)
+                lengths = [plan.length(new) for new, _source, _index in members]
+                firsts = [start + (cut.start if (cut := plan.trims.get(new)) else 0)
+                          for (new, _source, _index), (_t, start) in zip(members, starts)]
+                taken = table.take(np.concatenate([np.arange(first, first + n) for first, n in zip(firsts, lengths)]))
+                mapping = np.asarray([plan.tasks.get(name, -1) for name in source.tasks], dtype=np.int64)
                 total = sum(lengths)
                 columns = {"episode_index": np.repeat(np.asarray([m[0] for m in members], dtype=np.int64), lengths),
                            "index": np.arange(frame, frame + total, dtype=np.int64),
@@ -361,11 +401,21 @@ class _VersionWriter:
                     taken = taken.set_column(taken.column_names.index(name), field_, pa.array(values, type=field_.type))
                 offset = 0
                 for (new, _source, index), n in zip(members, lengths):
-                    spans.append(writer.add_table(taken.slice(offset, n)))
-                    stats = source.episode_stats(index)
-                    mine = {name: values[offset:offset + n] for name, values in columns.items()}
-                    self._renumbered.append(_renumbered_stats(stats, mine))
-                    self._stats.append({**stats, **self._renumbered[-1]})
+                    part = taken.slice(offset, n)
+                    cut = plan.trims.get(new)
+                    if cut is None:
+                        stats = source.episode_stats(index)
+                        mine = {name: values[offset:offset + n] for name, values in columns.items()}
+                        self._renumbered.append(_renumbered_stats(stats, mine))
+                        self._stats.append({**stats, **self._renumbered[-1]})
+                    else:
+                        success = (source.episodes[index].record or {}).get("success")
+                        part = rebase_rows(part, cut, source.fps, None if success is None else bool(success))
+                        stats = self._trimmed_episode_stats(source, index, cut, part)
+                        self._trimmed_stats[new] = stats
+                        self._renumbered.append({k: stats[k] for k in RENUMBERED if k in stats})
+                        self._stats.append(stats)
+                    spans.append(writer.add_table(part))
                     offset += n
                 frame += total
                 self.progress("data", members[-1][0] + 1, len(chosen))
@@ -373,6 +423,21 @@ class _VersionWriter:
             data_next = writer.close()
         self.written += writer.files
         return spans, data_next
+
+    def _trimmed_episode_stats(self, source: DatasetToEdit, index: int, cut: Cut, rows: Any
+                               ) -> dict[str, dict[str, np.ndarray]]:
+        """A trimmed episode's statistics, recomputed as LeRobot's writer computes them: every numeric column
+        from its kept rows, each camera from LeRobot's sample of its kept frames (decoded from the source).
+        The features and statistics the episode had before (a dataset without quantiles keeps none)."""
+        old = source.episode_stats(index)
+        new = numeric_stats(rows, source.features)
+        for key in source.video_keys:
+            path, start, end = source.video_file(key, index)
+            new[key] = camera_stats(path, start + cut.start / source.fps, end - cut.end / source.fps, source.fps,
+                                    rows.num_rows, source.features[key].get("info"))
+        if not old:
+            return new
+        return {k: {stat: v for stat, v in new[k].items() if stat in old[k]} for k in old if k in new}
 
     # -- episode metadata, info, checksums
     def _episode_meta(self, build: Path, video_meta: list[dict[str, Any]],
@@ -387,8 +452,8 @@ class _VersionWriter:
         frame = 0
         columns: dict[str, list[Any]] = {name: [] for name in ("episode_index", "data/chunk_index", "data/file_index",
                                                                 "dataset_from_index", "dataset_to_index")}
-        for new, ((source, index), (chunk, file)) in enumerate(zip(chosen, data_spans)):
-            length = source.episodes[index].length
+        for new, (chunk, file) in enumerate(data_spans):
+            length = self.plan.length(new)
             for name, value in (("episode_index", new), ("data/chunk_index", chunk), ("data/file_index", file),
                                 ("dataset_from_index", frame), ("dataset_to_index", frame + length)):
                 columns[name].append(value)
@@ -398,6 +463,8 @@ class _VersionWriter:
         for feature in RENUMBERED:
             for stat in (self._renumbered[0].get(feature) or {}):
                 columns[f"stats/{feature}/{stat}"] = [np.asarray(r[feature][stat]).tolist() for r in self._renumbered]
+        if self.plan.trims:
+            columns.update(self._trimmed_meta(table, columns))
         for name, values in columns.items():
             if name not in table.column_names:
                 raise EditError(f"{chosen[0][0].describe()}: meta/episodes has no column {name!r}")
@@ -406,6 +473,30 @@ class _VersionWriter:
         meta_next, files = write_episode_table(build, table, (0, 0))
         self.written += files
         return meta_next
+
+    def _trimmed_meta(self, table: Any, done: Mapping[str, Any]) -> dict[str, list[Any]]:
+        """The ``meta/episodes`` columns a trim changes, for every row: ``length``, every statistic of a trimmed
+        episode, and SARM's sub-task columns re-based onto its kept frames."""
+        plan = self.plan
+        out: dict[str, list[Any]] = {"length": [plan.length(p) for p in range(len(plan.chosen))]}
+        for name in table.column_names:
+            feature, _, stat = name.removeprefix("stats/").rpartition("/")
+            if not name.startswith("stats/") or name in done:
+                continue
+            values = table[name].to_pylist()
+            for position, stats in self._trimmed_stats.items():
+                if stat in stats.get(feature, {}):
+                    values[position] = np.asarray(stats[feature][stat]).tolist()
+            out[name] = values
+        subtasks = [c for c in SUBTASK_COLUMNS if c in table.column_names]
+        if subtasks:
+            rows = table.select(subtasks).to_pylist()
+            for position, cut in plan.trims.items():
+                source, _index = plan.chosen[position]
+                if rows[position].get(subtasks[0]) is not None:
+                    rows[position].update(rebase_subtasks(rows[position], cut, plan.length(position), source.fps))
+            out.update({c: [r.get(c) for r in rows] for c in subtasks})
+        return out
 
     def _info(self, build: Path) -> Path:
         info = dict(self.plan.chosen[0][0].info)
@@ -517,7 +608,8 @@ def _outcome(path: Path, status: str, version: str | None, plan: _Plan, name: st
     copied, linked = plan.file_counts()
     frames, episodes = plan.reencoded
     return WrittenDataset(path, status, version, len(plan.chosen), plan.frames, len(plan.tasks), copied, linked,
-                          frames, episodes, name)
+                          frames, episodes, name, trimmed_episodes=len(plan.trims),
+                          trimmed_frames=sum(c.start + c.end for c in plan.trims.values()))
 
 
 @contextlib.contextmanager
@@ -547,12 +639,17 @@ def edit_dataset(path: Path | str, *, delete: str | None = None, delete_rejected
                  split: Sequence[SplitPart] | None = None, seed: int = 0, stratify: str | None = None,
                  out_root: Path | str | None = None, repo_id: str | None = None, dry_run: bool = False,
                  again: bool = False, progress: Progress | None = None,
-                 stage_pause: Callable[[str], None] | None = None) -> EditReport:
+                 stage_pause: Callable[[str], None] | None = None, trim: TrimSpec | None = None) -> EditReport:
     """Keep the episodes the rules select (see ``edit_selection.select``) and publish them: as the dataset's
-    next version (in place), as a new dataset at ``out``, or split into ``out_root/<part>`` datasets."""
+    next version (in place), as a new dataset at ``out``, or split into ``out_root/<part>`` datasets.
+    ``trim``: drop frames at the ends of every episode instead (``keep_where`` then chooses the episodes trimmed;
+    ``storage/lerobot/edit_trim.py``)."""
     started = time.monotonic()
     pause = stage_pause or (lambda _name: None)
     path = Path(path)
+    if trim is not None and (delete is not None or delete_rejected or task is not None or split is not None):
+        raise EditError("--trim is an edit of its own (with --keep-where choosing the episodes it trims): delete, "
+                        "filter or split in another edit, before or after it")
     if split is not None and out is not None:
         raise EditError("--split writes one dataset per part under --out-root; --out names a single dataset: give one")
     if split is not None and out_root is None:
@@ -567,7 +664,7 @@ def edit_dataset(path: Path | str, *, delete: str | None = None, delete_rejected
             remove_unfinished(source.published.versions, source.published.current)
             return _edit(source, started, pause, progress, delete=delete, delete_rejected=delete_rejected,
                          keep_where=keep_where, task=task, replay=replay, out=None, split=None, seed=seed,
-                         stratify=stratify, out_root=None, repo_id=repo_id, dry_run=False, again=again)
+                         stratify=stratify, out_root=None, repo_id=repo_id, dry_run=False, again=again, trim=trim)
     source = open_dataset(path)
     if in_place and source.foreign:
         raise EditError(f"{short_path(path)} is a LeRobot dataset demoforge did not write; demoforge never modifies "
@@ -575,7 +672,8 @@ def edit_dataset(path: Path | str, *, delete: str | None = None, delete_rejected
     with _reading([source] if not dry_run else []):
         return _edit(source, started, pause, progress, delete=delete, delete_rejected=delete_rejected,
                      keep_where=keep_where, task=task, replay=replay, out=out, split=split, seed=seed,
-                     stratify=stratify, out_root=out_root, repo_id=repo_id, dry_run=dry_run, again=again)
+                     stratify=stratify, out_root=out_root, repo_id=repo_id, dry_run=dry_run, again=again,
+                     trim=trim)
 
 
 def _rejected(source: DatasetToEdit) -> tuple[list[int], list[Rejection]]:
@@ -608,14 +706,18 @@ def _edit(source: DatasetToEdit, started: float, pause: Callable[[str], None], p
           delete: str | None, delete_rejected: bool, keep_where: EpisodeFilter | None, task: str | None,
           replay: Mapping[int, str] | None, out: Path | str | None, split: Sequence[SplitPart] | None, seed: int,
           stratify: str | None, out_root: Path | str | None, repo_id: str | None, dry_run: bool,
-          again: bool) -> EditReport:
+          again: bool, trim: TrimSpec | None = None) -> EditReport:
     in_place = split is None and out is None
-    # Deleting by index is the one rule that is not idempotent (the same indices name other episodes in the
-    # next version): a re-run of the request that made the published version reports it instead.
-    request = json.dumps({"delete": delete, "delete_rejected": delete_rejected, "task": task,
-                          "keep_where": keep_where.canonical() if keep_where else None}, sort_keys=True)
+    # Deleting by index and trimming are the rules that are not idempotent (the same indices name other
+    # episodes in the next version; a trim drops more frames each time): a re-run of the request that made the
+    # published version reports it instead.
+    asked: dict[str, Any] = {"delete": delete, "delete_rejected": delete_rejected, "task": task,
+                             "keep_where": keep_where.canonical() if keep_where else None}
+    if trim is not None:
+        asked["trim"] = trim.canonical()
+    request = json.dumps(asked, sort_keys=True)
     previous = (source.marker.edit if source.marker is not None else None) or {}
-    if in_place and delete is not None and previous.get("request") == request and not again:
+    if in_place and (delete is not None or trim is not None) and previous.get("request") == request and not again:
         note = (f"version {source.version} is already the result of this edit ({previous.get('operation')}) of "
                 f"{(previous.get('from') or [{}])[0].get('version')}; nothing was changed (--again applies it to "
                 f"{source.version} too)")
@@ -623,8 +725,12 @@ def _edit(source: DatasetToEdit, started: float, pause: Callable[[str], None], p
             source.path, ALREADY, source.version, len(source.episodes), sum(e.length for e in source.episodes),
             len(source.tasks)),), time.monotonic() - started, (note,))
     rejected, gone = _rejected(source) if delete_rejected else ([], [])
-    selection: Selection = select(source, delete=delete, rejected=rejected, keep_where=keep_where, task=task,
-                                  replay=replay)
+    cuts: dict[int, Cut] = {}
+    if trim is not None:
+        selection, cuts = _trim_selection(source, trim, keep_where, replay)
+    else:
+        selection = select(source, delete=delete, rejected=rejected, keep_where=keep_where, task=task,
+                           replay=replay)
     if not selection.kept:
         raise EditError(f"the edit would leave no episode of the {len(source.episodes)} in {source.describe()} "
                         f"({_reasons(selection)}); nothing was written")
@@ -660,21 +766,25 @@ def _edit(source: DatasetToEdit, started: float, pause: Callable[[str], None], p
         return report(*outputs)
 
     chosen = [(source, i) for i in selection.kept]
+    trims = {position: cuts[i] for position, (_s, i) in enumerate(chosen) if i in cuts}
+    if trim is not None and not trims:
+        notes.append(f"--trim {trim.canonical()} drops no frame of the episodes it applies to")
     if out is not None:
         identity = _identity([source], chosen, repo_id, selection.operation or "copy")
         target = _check_new_output(Path(out), identity, [source])
-        return report(_publish_new(target, _plan(chosen, analyse=dry_run), identity, dry_run, pause, progress))
+        return report(_publish_new(target, _plan(chosen, analyse=dry_run, trims=trims), identity, dry_run, pause,
+                                   progress))
 
     # in place: the dataset's next version
     published = source.published
     assert published is not None and source.marker is not None
-    if not selection.removed:
+    if not selection.removed and not trims:
         if delete_rejected and gone and not dry_run:
             drop_rejections(rejected_list_path(source.path), gone)
         return report(WrittenDataset(source.path, UNCHANGED, source.version, len(source.episodes),
                                      sum(e.length for e in source.episodes), len(source.tasks)))
     identity = _identity([source], chosen, repo_id or source.marker.repo_id, selection.operation, request=request)
-    plan = _plan(chosen, analyse=dry_run)
+    plan = _plan(chosen, analyse=dry_run, trims=trims)
     if dry_run:
         return report(_outcome(source.path, DRY_RUN, None, plan))
     check_writable(source.path.parent)
@@ -685,6 +795,17 @@ def _edit(source: DatasetToEdit, started: float, pause: Callable[[str], None], p
         drop_rejections(rejected_list_path(source.path),
                         [e for e in listed if e.episode_id is None or (e.store_id, e.episode_id) not in stays])
     return report(written)
+
+
+def _trim_selection(source: DatasetToEdit, trim: TrimSpec, keep_where: EpisodeFilter | None,
+                    replay: Mapping[int, str] | None) -> tuple[Selection, dict[int, Cut]]:
+    """Every episode kept, and what ``--trim`` drops of those ``--keep-where`` matches (all without it)."""
+    if keep_where is not None and "replay" in keep_where.fields and replay is None:
+        raise EditError("--keep-where names `replay`, but no --replay-report was given (save one with "
+                        "`demoforge replay DATASET --json > replay.json`)")
+    targets = [e.index for e in source.episodes if keep_where is None or keep_where(episode_facts(e, replay))]
+    operation = f"trim {trim.canonical()}" + (f" where {keep_where.canonical()}" if keep_where else "")
+    return Selection(tuple(e.index for e in source.episodes), {}, operation), resolve_trims(source, trim, targets)
 
 
 def _publish_new(target: Published, plan: _Plan, identity: _Identity, dry_run: bool, pause: Callable[[str], None],

@@ -13,6 +13,9 @@ copied; likewise the frames after the last keyframe when the stream reorders fra
 The re-encoded frames must share the file's stream headers (``extradata``): when the encoder's differ, the cut
 is refused (nothing is written) rather than made with headers that would decode the copied packets wrongly.
 
+:func:`copy_spans` writes kept episodes into one new file (an edit); :func:`copy_episodes` writes each episode
+into a file of its own (LeRobot v2.1), reading the source once.
+
 Timestamps: a copied run keeps its own decode delay (dts below pts); every run of a file is placed so that the
 file's decode timestamps only increase (runs with less delay are decoded a little earlier).
 """
@@ -254,8 +257,64 @@ def copy_spans(source: VideoFile, spans: Sequence[Span], out_path: Path,
     if any(b.from_s < a.to_s - 0.5 / source.fps for a, b in zip(spans, spans[1:])):
         raise VideoCutError(f"{source.path}: the episodes to keep are not in time order in the file")
     plans = [source.plan(span, info) for span in spans]
-    segments = [s for plan in plans for s in plan.segments]
-    copied_orders = {o for s in segments if s.copied for o in s.orders}
+    with av.open(str(source.path)) as src:
+        in_stream = src.streams.video[0]
+        packets = _Packets(source, src, in_stream, _copied_orders(plans))
+        result = _write(source, plans, spans, out_path, in_stream, packets)
+    return result
+
+
+def copy_episodes(source: VideoFile, spans: Sequence[Span], out_paths: Sequence[Path],
+                  info: Mapping[str, Any] | None = None) -> tuple[CopyResult, ...]:
+    """Each of ``spans`` (in time order) into an mp4 of its own (``out_paths``, in the same order), from time
+    0, as :func:`copy_spans` copies them; the source is read once for all of them (LeRobot v2.1's one file per
+    episode, from a v3.0 file holding many)."""
+    if len(spans) != len(out_paths):
+        raise ValueError("one output path per span")
+    if any(b.from_s < a.to_s - 0.5 / source.fps for a, b in zip(spans, spans[1:])):
+        raise VideoCutError(f"{source.path}: the episodes to copy are not in time order in the file")
+    plans = [source.plan(span, info) for span in spans]
+    with av.open(str(source.path)) as src:
+        in_stream = src.streams.video[0]
+        packets = _Packets(source, src, in_stream, _copied_orders(plans))
+        results = tuple(_write(source, [plan], [span], path, in_stream, packets)
+                        for plan, span, path in zip(plans, spans, out_paths))
+    return results
+
+
+def _copied_orders(plans: Sequence[_Plan]) -> set[int]:
+    return {o for plan in plans for s in plan.segments if s.copied for o in s.orders}
+
+
+class _Packets:
+    """The source packets a copy needs, by decode position: the held ones, or read in one pass over the file
+    (a packet read past that a later segment needs, which frame reordering across an episode's end can cause,
+    is kept until it is asked for)."""
+
+    def __init__(self, source: VideoFile, container: Any, stream: Any, wanted: set[int]) -> None:
+        self.source, self.wanted = source, wanted
+        self.kept: dict[int, Any] = {}
+        self.read = None if source.held is not None else _numbered(container, stream)
+
+    def get(self, order: int) -> Any:
+        if self.read is None:
+            assert self.source.held is not None
+            return self.source.held[order]
+        packet = self.kept.pop(order, None)
+        if packet is not None:
+            return packet
+        for number, packet in self.read:
+            if number == order:
+                return packet
+            if number in self.wanted:
+                self.kept[number] = packet
+        raise VideoCutError(f"{self.source.path}: packet {order} was not found on a second read of the file "
+                            "(it changed meanwhile?)")
+
+
+def _write(source: VideoFile, plans: Sequence[_Plan], spans: Sequence[Span], out_path: Path, in_stream: Any,
+           packets: _Packets) -> CopyResult:
+    """The planned segments of ``spans`` into a new mp4 at ``out_path``, one after another from time 0."""
     fps = source.fps
     out_spans: list[tuple[float, float]] = []
     placed: list[tuple[_Segment, Fraction]] = []  # each segment with the output time of its first frame
@@ -266,11 +325,8 @@ def copy_spans(source: VideoFile, spans: Sequence[Span], out_path: Path,
         out_spans.append((offset / fps, (offset + span.length) / fps))
         offset += span.length
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(source.path)) as src, av.open(str(out_path), mode="w", format="mp4") as out:
-        in_stream = src.streams.video[0]
+    with av.open(str(out_path), mode="w", format="mp4") as out:
         out_stream = out.add_stream_from_template(in_stream, opaque=True)  # copy, never encode
-        copied = iter([source.held[o] for o in sorted(copied_orders)]) if source.held is not None else \
-            _source_packets(src, in_stream, copied_orders)  # read again, in one pass over the file
         delay = max((s.first_pts - s.first_dts) * s.time_base for s, _ in placed)
         last_dts: Fraction | None = None  # in seconds, at the end of the previous segment
         for segment, start in placed:
@@ -279,7 +335,7 @@ def copy_spans(source: VideoFile, spans: Sequence[Span], out_path: Path,
             pts_shift = start / tb - segment.first_pts  # in the segment's time base (whole for CFR streams)
             dts_shift = pts_shift - lower / tb
             whole = pts_shift.denominator == 1 and dts_shift.denominator == 1
-            run = (next(copied) for _ in range(segment.frames)) if segment.copied else iter(segment.packets)
+            run = (packets.get(o) for o in sorted(segment.orders)) if segment.copied else iter(segment.packets)
             previous: int | None = None
             for packet in run:
                 dts_in = packet.pts if packet.dts is None else packet.dts
@@ -301,11 +357,12 @@ def copy_spans(source: VideoFile, spans: Sequence[Span], out_path: Path,
     return CopyResult(tuple(out_spans), tuple(p.cut for p in plans))
 
 
-def _source_packets(container: Any, stream: Any, wanted: set[int]) -> Iterator[Any]:
+def _numbered(container: Any, stream: Any) -> Iterator[tuple[int, Any]]:
+    """The stream's packets (those with a timestamp and data: what :class:`VideoFile` numbers) with their
+    decode positions."""
     order = 0
     for packet in container.demux(stream):
         if packet.pts is None or not packet.size:
             continue
-        if order in wanted:
-            yield packet
+        yield order, packet
         order += 1
