@@ -216,8 +216,23 @@ class GenerationDaemon:
         self.runner.stop()
 
     # ----------------------------------------------------------------------------- main
+    def _save_multiply_source(self) -> None:
+        """A ``[multiply]`` job: bind the store to the job, then write the extracted source beside it (as
+        ``demoforge multiply`` does; the same file again on a restart), before any worker reads it."""
+        from demoforge.storage.store import open_store
+
+        job = self.config.multiply
+        assert job is not None
+        with open_store(self.config.store, "w", fingerprint=self.config.spec.fingerprint(self.runner.info)):
+            job.save()
+        self.log.emit("multiply_source", source=job.source, file=job.file,
+                      episodes=len(job.prepared.source.episodes), segments=" ".join(job.prepared.source.sequence),
+                      skipped=list(job.prepared.skipped))
+
     async def run(self) -> int:
         config = self.config
+        if config.multiply is not None:
+            self._save_multiply_source()
         close_http = None
         if config.metrics_port is not None:
             close_http = self.metrics.serve(config.metrics_host, config.metrics_port)

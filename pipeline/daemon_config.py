@@ -1,9 +1,13 @@
-"""The daemon's job file (TOML): parsed strictly, every unknown key or bad value refused by name."""
+"""The daemon's job file (TOML): parsed strictly, every unknown key or bad value refused by name.
+
+A ``[multiply]`` section makes the job a ``demoforge multiply`` job (docs/multiply.md): its source is checked and
+extracted here, before the daemon starts anything, and its file is written into the store when the daemon
+starts (:meth:`MultiplyJob.save`)."""
 
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,19 @@ UNBOUNDED_EPISODES = 10_000_000
 
 class DaemonConfigError(ValueError):
     """The job file is invalid; the message names the key and the reason."""
+
+
+@dataclass(frozen=True)
+class MultiplyJob:
+    """A ``[multiply]`` job's source: the store or dataset read, what was extracted from it (a
+    ``pipeline.multiply.MultiplySource``) and the file in the job's store it is written to at start."""
+
+    source: Path
+    prepared: Any
+    file: Path
+
+    def save(self) -> Path:
+        return Path(self.prepared.source.save(self.file.parent))
 
 
 @dataclass(frozen=True)
@@ -39,11 +56,13 @@ class DaemonConfig:
     unbounded: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    multiply: MultiplyJob | None = None
 
 
 # section -> key -> (type(s), description)
 _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
-    "job": {"task": ((str,), "task name"), "episodes": ((int, str), "target count or \"unbounded\""),
+    "job": {"task": ((str,), "task name (with [multiply]: the source's task, the default)"),
+            "episodes": ((int, str), "target count or \"unbounded\""),
             "seed": ((int,), "job seed"), "max_attempts": ((int,), "attempts per episode"),
             "workers": ((int,), "env worker threads"), "num_envs": ((int,), "vector rows per worker"),
             "queue_frames": ((int,), "queue capacity"), "options": ((dict,), "task options table"),
@@ -77,6 +96,9 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
              "check_seconds": ((int, float), "how often free space is checked")},
     "shutdown": {"deadline_seconds": ((int, float), "graceful stop deadline")},
     "log": {"json": ((bool,), "structured JSON log lines")},
+    "multiply": {"source": ((str,), "the store or dataset whose demonstrations are multiplied (docs/multiply.md)"),
+                 "strategy": ((str,), "which source episode gives each segment: \"random\" or \"nearest\""),
+                 "interpolation": ((int,), "steps to the start of each moved segment (multiply --interpolation)")},
 }
 
 
@@ -135,16 +157,25 @@ def _encoder_idle(value: str) -> bool | None:
 
 
 def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
+    def resolve(p: str) -> Path:
+        if "\x00" in p:
+            raise DaemonConfigError(f"path {p!r} contains a NUL byte")
+        path = Path(p).expanduser()
+        return path if path.is_absolute() else base / path
+
     job, video = raw.get("job", {}), raw.get("video", {})
+    multiply = _multiply(raw["multiply"], job, resolve(_require(raw, "store", "dir")), resolve) \
+        if "multiply" in raw else None
     episodes = job.get("episodes", "unbounded")
     unbounded = episodes == "unbounded"
     if isinstance(episodes, str) and not unbounded:
         raise DaemonConfigError(f"job.episodes must be a positive integer or \"unbounded\", got {episodes!r}")
     try:
         settings = VideoSettings(**{k: v for k, v in video.items()})
-        spec = JobSpec(task=_require(raw, "job", "task"),
-                       episodes=UNBOUNDED_EPISODES if unbounded else int(episodes),
-                       task_options=dict(job.get("options", {})), seed=job.get("seed", 0),
+        task, options = (multiply[1], multiply[2]) if multiply else (_require(raw, "job", "task"),
+                                                                      dict(job.get("options", {})))
+        spec = JobSpec(task=task, episodes=UNBOUNDED_EPISODES if unbounded else int(episodes),
+                       task_options=options, seed=job.get("seed", 0),
                        max_attempts=job.get("max_attempts", 3),
                        workers=job.get("workers", 1) if job.get("executor", "thread") == "thread" else 1,
                        num_envs=job.get("num_envs", 1), queue_frames=job.get("queue_frames", 32), video=settings,
@@ -185,12 +216,6 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
         if value < 0 or (key != "disk.min_free_mb" and value == 0):
             raise DaemonConfigError(f"{key} must be positive, got {value!r}")
 
-    def resolve(p: str) -> Path:
-        if "\x00" in p:
-            raise DaemonConfigError(f"path {p!r} contains a NUL byte")
-        path = Path(p).expanduser()
-        return path if path.is_absolute() else base / path
-
     return DaemonConfig(
         spec=spec, store=resolve(_require(raw, "store", "dir")),
         export_dir=resolve(export["dir"]) if "dir" in export else None,
@@ -201,7 +226,34 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
         metrics_host=host or "127.0.0.1", metrics_port=port, min_free_mb=int(numbers["disk.min_free_mb"]),
         disk_check_seconds=float(numbers["disk.check_seconds"]),
         shutdown_deadline_seconds=float(numbers["shutdown.deadline_seconds"]),
-        json_logs=bool(raw.get("log", {}).get("json", False)), unbounded=unbounded, executor=executor)
+        json_logs=bool(raw.get("log", {}).get("json", False)), unbounded=unbounded, executor=executor,
+        multiply=multiply[0] if multiply else None)
+
+
+def _multiply(section: Mapping[str, Any], job: Mapping[str, Any], store: Path,
+              resolve: Callable[[str], Path]) -> tuple[MultiplyJob, str, dict[str, Any]]:
+    """The ``[multiply]`` job: its source checked and extracted (replayed; nothing is written), and the wrapper
+    task and options of the job (``[job] task`` must be the source's, ``[job] options`` overlay its options)."""
+    from demoforge.pipeline.multiply import DEFAULT_INTERPOLATION, MAX_INTERPOLATION, SOURCE_DIR, TASK, extract_source
+    from demoforge.pipeline.multiply_plan import STRATEGIES, source_file_name
+
+    if "source" not in section:
+        raise DaemonConfigError(f"missing required key multiply.source ({_SCHEMA['multiply']['source'][1]})")
+    strategy = section.get("strategy", "random")
+    if strategy not in STRATEGIES:
+        raise DaemonConfigError(f"multiply.strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    interpolation = section.get("interpolation", DEFAULT_INTERPOLATION)
+    if not 0 <= interpolation <= MAX_INTERPOLATION:
+        raise DaemonConfigError(f"multiply.interpolation must be in 0..{MAX_INTERPOLATION} steps, got "
+                                f"{interpolation!r}")
+    source = resolve(section["source"]).resolve()
+    try:
+        prepared = extract_source(source, job.get("task"), dict(job.get("options", {})))
+    except ValueError as exc:  # MultiplyInputError, a task option of the source's task
+        raise DaemonConfigError(f"[multiply]: {exc}") from None
+    file = store.resolve() / SOURCE_DIR / source_file_name(prepared.source.content_hash())
+    return (MultiplyJob(source, prepared, file), TASK,
+            prepared.job_options(file, strategy, interpolation))
 
 
 def _control(section: Mapping[str, Any] | None) -> ControlSpec | None:

@@ -30,6 +30,8 @@ class Inspection:
     failed: list[dict[str, Any]] = field(default_factory=list)
     outcomes: dict[str, int] = field(default_factory=dict)
     frames: dict[str, list[np.ndarray]] = field(default_factory=dict)  # "episode:segment" -> boundary frames
+    # a store's generation: (successes, attempts) from its catalog; None for a dataset (its attempts are not in it)
+    attempts: tuple[int, int] | None = None
 
     def segment_stats(self) -> dict[str, dict[str, Any]]:
         lengths: dict[str, list[int]] = defaultdict(list)
@@ -54,13 +56,44 @@ class Inspection:
                 "frames": int(sum(lengths)), "outcomes": self.outcomes,
                 "episode_length": {"min": min(lengths, default=0), "max": max(lengths, default=0),
                                    "mean": round(float(np.mean(lengths)), 2) if lengths else 0},
-                "segments": self.segment_stats(), "randomization": self.randomization()}
+                "segments": self.segment_stats(), "randomization": self.randomization(),
+                **({"generation": generation} if (generation := self.generation()) is not None else {})}
+
+    def generation(self) -> dict[str, Any] | None:
+        """A ``demoforge multiply`` job's generation (None when no episode was multiplied): its success rate
+        from the store's attempts (attempts per success), and how many generated segments each source episode
+        gave."""
+        sources: Counter[int] = Counter()
+        multiplied = 0
+        for record in self.episodes:
+            origins = multiply_provenance(record)
+            multiplied += bool(origins)
+            sources.update(int(o["source_episode"]) for o in origins if isinstance(o.get("source_episode"), int))
+        if not multiplied:
+            return None
+        out: dict[str, Any] = {"multiplied_episodes": multiplied,
+                               "source_episodes": {str(k): v for k, v in sorted(sources.items())}}
+        if self.attempts is not None:
+            successes, attempts = self.attempts
+            out.update(successes=successes, attempts=attempts,
+                       attempts_per_success=round(attempts / successes, 3) if successes else None)
+        return out
 
     def randomization(self) -> list[dict[str, Any]]:
         """Each randomized episode's drawn values (its record's ``randomization``: axes, offsets, scales), by
         episode: what ``describe`` counts and points to."""
         return [{"episode": _episode_key(record), "seed": record.get("seed"), "values": record["randomization"]}
                 for record in self.episodes if record.get("randomization")]
+
+
+def multiply_provenance(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``multiply`` provenance of each segment of an episode record that has one (demoforge multiply)."""
+    out = []
+    for segment in record.get("segments") or []:
+        origin = (segment.get("metadata") or {}).get("multiply") if isinstance(segment, dict) else None
+        if isinstance(origin, dict):
+            out.append(origin)
+    return out
 
 
 def _episode_key(record: dict[str, Any]) -> Any:
@@ -84,6 +117,7 @@ def _inspect_store(path: Path, with_frames: bool, max_episodes: int) -> Inspecti
         result = Inspection(str(path), "store", episodes=[{**r.record, "length": r.frames} for r in good if r.record])
         result.outcomes = dict(Counter(_store_outcome(r) for r in rows))
         result.failed = [r.record for r in rows if (r.state == AttemptState.DISCARDED or r.kept_failure) and r.record]
+        result.attempts = _generation_attempts(rows)
         fingerprint, staging = store.fingerprint, store.staging
         if with_frames and fingerprint is not None and staging is not None and fingerprint.cameras:
             rgb = next((c.name for c in fingerprint.cameras if not c.is_depth), None)
@@ -100,6 +134,15 @@ def _inspect_store(path: Path, with_frames: bool, max_episodes: int) -> Inspecti
                               for i, codes in decode_codes(video[depth], steps).items()}
                 _add_boundary_frames(result, record, frames, depths)
     return result
+
+
+def _generation_attempts(rows: list[Any]) -> tuple[int, int]:
+    """(successes, attempts): the job's committed episodes (exported or quarantined since included), and those
+    plus every failed attempt that counted (discarded or kept as data; one a kill interrupted is retried, not
+    counted)."""
+    good = sum(1 for r in rows if not r.kept_failure and r.state in (*READABLE_STATES, AttemptState.QUARANTINED))
+    failed = sum(1 for r in rows if r.kept_failure or (r.state == AttemptState.DISCARDED and r.counted))
+    return good, good + failed
 
 
 def _store_outcome(row: Any) -> str:
@@ -244,13 +287,32 @@ def _randomization_lines(result: Inspection) -> list[str]:
     return [f"randomized: {axes} ({n} episode(s); drawn values in --json)" for axes, n in sorted(counts.items())]
 
 
+_SHOWN_SOURCES = 10  # source episodes named on the generation line; --json has them all
+
+
+def _generation_lines(generation: dict[str, Any] | None) -> list[str]:
+    """A multiply job's line: its generation success rate (a store) and the source episodes it drew on."""
+    if generation is None:
+        return []
+    sources = generation["source_episodes"]
+    shown = ", ".join(f"{k} x{v}" for k, v in list(sources.items())[:_SHOWN_SOURCES])
+    more = f" and {len(sources) - _SHOWN_SOURCES} more (--json)" if len(sources) > _SHOWN_SOURCES else ""
+    drawn = f"segments from {len(sources)} source episode(s): {shown}{more}"
+    if "attempts" not in generation:
+        return [f"multiplied: {generation['multiplied_episodes']} episode(s); {drawn} (the generation success rate "
+                "is in the store's attempts: inspect the store)"]
+    successes, attempts = generation["successes"], generation["attempts"]
+    rate = f"{attempts / successes:.2f} attempts per success" if successes else "no success yet"
+    return [f"generation (multiply): {successes}/{attempts} attempts succeeded ({rate}); {drawn}"]
+
+
 def describe(result: Inspection) -> str:
     data = result.to_json()
     lines = [f"{data['kind']} {data['source']}: {data['episodes']} episodes, {data['frames']} frames; "
              f"episode length min/mean/max {data['episode_length']['min']}/{data['episode_length']['mean']}/"
              f"{data['episode_length']['max']}",
              "outcomes: " + (", ".join(f"{k}={v}" for k, v in sorted(data["outcomes"].items())) or "none"),
-             *_randomization_lines(result),
+             *_randomization_lines(result), *_generation_lines(data.get("generation")),
              f"{'segment':<24}{'count':>7}{'min':>6}{'median':>8}{'mean':>8}{'max':>6}  failures"]
     for name, s in data["segments"].items():
         failures = ", ".join(f"{k} x{v}" for k, v in s["failures"].items()) or "-"

@@ -13,7 +13,8 @@ from demoforge.pipeline.cli.common import add_command
 
 
 def add_daemon_parser(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "daemon", help="run generation as a service: periodic export, metrics, graceful stop",
+    p = add_command(sub, "daemon", help="run generation (or, with a [multiply] section, a multiply job) as a service: "
+                                        "periodic export, metrics, graceful stop",
                     example="demoforge daemon --config docs/daemon.example.toml")
     p.add_argument("--config", type=Path, required=True, metavar="JOB.toml",
                    help="the job file (docs/daemon.md). Required")

@@ -28,7 +28,7 @@ from demoforge.pipeline.tasks.mujoco_gl import (
     own_context,
     set_antialias,
 )
-from demoforge.pipeline.tasks.randomization import SceneRandomization, unwrapped_model
+from demoforge.pipeline.tasks.randomization import SceneRandomization, enabled_axes, unwrapped_model
 from demoforge.pipeline.tasks.registry import (
     CameraSpec,
     TaskEntry,
@@ -47,12 +47,16 @@ CAMERA = "front"
 DEPTH_CAMERA = "front_depth"  # registry.depth_camera's name for it
 FPS = 25
 # options added later: left out of fingerprints when at their default
-ADDED_OPTIONS: Mapping[str, Any] = {"depth": False, ANTIALIAS: True}
+ADDED_OPTIONS: Mapping[str, Any] = {"depth": False, ANTIALIAS: True, "init_range": 1.0}
 DEFAULTS: Mapping[str, Any] = {"cycles": 3, "image_size": 224, **ADDED_OPTIONS}
 CYCLES_RANGE = (1, 20)
 IMAGE_SIZE_RANGE = (32, 1024)
 PHASES = ("reach", "descend", "grasp", "carry", "release")
 OBJ_RANGE = 0.15  # FetchPickAndPlace-v4's: the cube starts within +-15 cm of the gripper (x and y)
+# Option init_range: the cube's start range as a share of the env's own (1: its own; 0.3: a narrow range around
+# its centre, the gripper, as a source for `demoforge multiply` to widen). Below 0.1 the cube would start under
+# the gripper's fingers.
+INIT_RANGE = (0.1, 1.0)
 
 # A free camera facing the robot across the table, near enough that the 5 cm cube is clearly visible at
 # 224x224 anywhere it can start, looking down steeply enough that the raised gripper hides little of the
@@ -114,10 +118,11 @@ class FetchPickPlace(gym.Wrapper):
     ``front_depth``, through MuJoCo's own renderer so the z-buffer is converted to metres by MuJoCo.
     """
 
-    def __init__(self, env: gym.Env, cycles: int, depth: bool = False) -> None:
+    def __init__(self, env: gym.Env, cycles: int, depth: bool = False, init_range: float = 1.0) -> None:
         super().__init__(env)
         self.cycles = cycles
         self.depth = depth
+        self.init_range = init_range
         self._frame: np.ndarray | None = None
         self._depth: np.ndarray | None = None
         self._depth_renderer: Any = None
@@ -126,8 +131,22 @@ class FetchPickPlace(gym.Wrapper):
     # ------------------------------------------------------------------------------------ gym API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         observation, info = self.env.reset(seed=seed, options=options)
+        if self.init_range != 1.0:
+            observation = self._narrow_start()
         self._capture()
         return observation, info
+
+    def _narrow_start(self) -> Any:
+        """Move the cube toward the centre of its start range (the gripper's start) by ``init_range``: the
+        env's own draw, shrunk, so the narrow range is the full one scaled and needs no draw of its own (Fetch
+        redraws a cube nearer than 10 cm to the gripper, so its range itself cannot simply be set smaller)."""
+        fetch = self._fetch
+        qpos = fetch._utils.get_joint_qpos(fetch.model, fetch.data, "object0:joint").copy()
+        centre = np.asarray(fetch.initial_gripper_xpos[:2], dtype=np.float64)
+        qpos[:2] = centre + self.init_range * (qpos[:2] - centre)
+        fetch._utils.set_joint_qpos(fetch.model, fetch.data, "object0:joint", qpos)
+        fetch._mujoco.mj_forward(fetch.model, fetch.data)
+        return fetch._get_obs()
 
     def step(self, action: Any):
         result = self.env.step(action)
@@ -416,8 +435,8 @@ class FetchPoses:
 
 # ------------------------------------------------------------------------------------------ registry
 def check(options: Mapping[str, Any]) -> None:
-    for key, (low, high) in (("cycles", CYCLES_RANGE), ("image_size", IMAGE_SIZE_RANGE)):
-        if not low <= options[key] <= high:
+    for key, (low, high) in (("cycles", CYCLES_RANGE), ("image_size", IMAGE_SIZE_RANGE), ("init_range", INIT_RANGE)):
+        if not low <= options[key] <= high:  # NaN fails this too
             raise TaskOptionError(f"task {TASK_NAME!r} option {key!r} must be in {low}..{high}, "
                                   f"got {options[key]!r}")
 
@@ -449,7 +468,9 @@ def make_env(options: Mapping[str, Any]) -> FetchPickPlace:
     env = gym.make(FETCH_ENV_ID, render_mode="rgb_array", width=size, height=size,
                    max_episode_steps=max_episode_steps(cycles), default_camera_config=camera)
     set_antialias(env.unwrapped.model, bool(options[ANTIALIAS]))  # type: ignore[attr-defined]  # before any render
-    return FetchPickPlace(env, cycles, depth=bool(options["depth"]))
+    # --randomize init draws the range (the env's own, widened): init_range narrows only without it
+    init_range = 1.0 if "init" in enabled_axes(options, SCENE) else float(options["init_range"])
+    return FetchPickPlace(env, cycles, depth=bool(options["depth"]), init_range=init_range)
 
 
 def _free_camera(env: gym.Env) -> Any:

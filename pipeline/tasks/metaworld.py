@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import threading
 import warnings
 from collections.abc import Mapping
 from functools import cache
@@ -62,10 +63,15 @@ STATE_KEY = "observation.state"
 ENV_STATE_KEY = "observation.environment_state"  # LeRobot's name for a full environment state
 ENV_STATE_DIM = 39  # Meta-World v3's observation: hand, gripper, two objects, previous frame's, goal
 MAX_STEPS = 500  # the env's own max_path_length, the episode length LeRobot evaluates with
-ADDED_OPTIONS: Mapping[str, Any] = {ANTIALIAS: True}  # options added later: left out of fingerprints when default
+ADDED_OPTIONS: Mapping[str, Any] = {ANTIALIAS: True, "init_range": 1.0}  # added later: out of fingerprints at default
 DEFAULTS: Mapping[str, Any] = {"camera": LEROBOT_CAMERA, "image_size": 480, "shadows": True, "depth": False,
                                "max_steps": MAX_STEPS, "full_state": False, **ADDED_OPTIONS}
 IMAGE_SIZE_RANGE = (32, 1024)
+# Option init_range: the env's random reset space (object and goal starts) as a share of its own, about its
+# centre (1: its own; 0.3: a narrow range, as a source for `demoforge multiply` to widen). Declared for the envs
+# multiply multiplies (POSE_TASKS): their object and goal regions lie apart, so a narrowed draw never meets the
+# env's redraw-while-too-close loops.
+INIT_RANGE = (0.1, 1.0)
 # Meta-World's MT10 (metaworld.env_dict.MT10_V3, in its order; a test checks it against the installed package).
 MT10 = ("reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
         "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3")
@@ -132,7 +138,8 @@ def _cameras(options: Mapping[str, Any]) -> tuple[str, ...]:
     return () if raw == "none" else tuple(c.strip() for c in raw.split(",") if c.strip())
 
 
-def check(options: Mapping[str, Any]) -> None:
+def check(options: Mapping[str, Any], env: str | None = None) -> None:
+    """``env``: the task's Meta-World env (None: a suite)."""
     check_version()
     cameras = _cameras(options)
     unknown = [c for c in cameras if c not in CAMERAS]
@@ -147,6 +154,13 @@ def check(options: Mapping[str, Any]) -> None:
     if not 1 <= options["max_steps"] <= MAX_STEPS:
         raise TaskOptionError(f"Meta-World option 'max_steps' must be in 1..{MAX_STEPS} (the env's own limit), got "
                               f"{options['max_steps']!r}")
+    narrowest, widest = INIT_RANGE
+    if not narrowest <= options["init_range"] <= widest:  # NaN fails this too
+        raise TaskOptionError(f"Meta-World option 'init_range' must be in {narrowest}..{widest}, got "
+                              f"{options['init_range']!r}")
+    if options["init_range"] != 1.0 and env not in POSE_TASKS:
+        raise TaskOptionError(f"Meta-World option 'init_range' is declared for {', '.join(POSE_TASKS)} only (the envs "
+                              f"demoforge multiply multiplies), not {env or 'a suite'}")
 
 
 def camera_specs(options: Mapping[str, Any]) -> tuple[CameraSpec, ...]:
@@ -232,11 +246,17 @@ class MetaWorldExpert:
 
 
 # --------------------------------------------------------------------------------------------- the env
+#: One env built at a time in a process: MT1 seeds numpy's global generator and draws its 50 goals from it (two
+#: thread workers building at once interleaved their draws: "Only generated 47 unique goals"), and the warnings
+#: filter it is built under is process-wide too.
+_BUILD_LOCK = threading.Lock()
+
+
 def _build_env(env: str, camera: str | None, size: int) -> Any:
     """The env as LeRobot 0.6.1's ``MetaworldEnv._ensure_env`` builds it (its recipe, step by step)."""
     import metaworld
 
-    with warnings.catch_warnings():
+    with _BUILD_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         benchmark = metaworld.MT1(env, seed=42)
         kwargs: dict[str, Any] = {}
@@ -261,6 +281,8 @@ class MetaWorldTask(gym.Wrapper):
         size = int(options["image_size"])
         sawyer = _build_env(env, cameras[0] if cameras else None, size)
         sawyer.max_path_length = int(options["max_steps"])
+        if float(options["init_range"]) != 1.0:
+            _narrow_reset_space(sawyer, float(options["init_range"]))
         if not options["shadows"]:
             sawyer.model.light_castshadow[:] = 0
         set_antialias(sawyer.model, bool(options[ANTIALIAS]))
@@ -401,6 +423,16 @@ class MetaWorldPoses:
         return np.append(move, np.clip(gripper, -1.0, 1.0)).astype(np.float32)
 
 
+def _narrow_reset_space(sawyer: Any, share: float) -> None:
+    """Shrink the env's random reset space about its centre to ``share`` of its size: each reset draws the same
+    uniforms as in the full space, mapped into the narrow one."""
+    from gymnasium.spaces import Box
+
+    space = sawyer._random_reset_space
+    centre, half = (space.high + space.low) / 2, (space.high - space.low) / 2 * share
+    sawyer._random_reset_space = Box(centre - half, centre + half, dtype=np.float64)
+
+
 def _as_lerobot_returns(image: np.ndarray, camera: str) -> np.ndarray:
     """LeRobot's env flips the corner2 camera on both axes (it renders upside down); others it does not render."""
     return np.ascontiguousarray(np.flip(image, (0, 1))) if camera == LEROBOT_CAMERA else image
@@ -422,7 +454,8 @@ SCENE = SceneRandomization(
 
 def _entry(env: str) -> TaskEntry:
     return TaskEntry(name=PREFIX + env, defaults=DEFAULTS, describe=lambda options: _describe(env, options),
-                     make_env=lambda options: MetaWorldTask(env, options), check=check, randomization=SCENE,
+                     make_env=lambda options: MetaWorldTask(env, options), check=lambda options: check(options, env),
+                     randomization=SCENE,
                      appearance_options=APPEARANCE)
 
 

@@ -23,7 +23,7 @@ from demoforge.storage.episode_spec import (
     resolve_episode_ranges,
 )
 from demoforge.storage.lerobot.edit_source import DatasetToEdit, EditError, SourceEpisode
-from demoforge.storage.lerobot.episode_filter import EpisodeFilter
+from demoforge.storage.lerobot.episode_filter import EpisodeFilter, provenance_facts
 from demoforge.storage.paths import short_path
 
 SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -50,7 +50,7 @@ def episode_facts(episode: SourceEpisode, replay: Mapping[int, str] | None = Non
             "interventions": int(record.get("interventions") or 0) if record else None,
             "kept_failure": bool(record.get("kept_failure", False)) if record else None,
             "failed_segment": (record.get("failed_segment") or {}).get("name") if record else None,
-            "replay": (replay or {}).get(episode.index)}
+            "replay": (replay or {}).get(episode.index), **provenance_facts(record)}
 
 
 def read_replay_report(path: Path, dataset: DatasetToEdit) -> dict[int, str]:

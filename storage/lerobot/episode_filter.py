@@ -16,6 +16,9 @@ A bare operand is a condition only when it is a true/false field (``success``). 
 when the expression is parsed (a number with a number, a string with a string, ``==`` / ``!=`` with
 ``null``); a field that an episode does not record is ``null``: ``==`` compares it, an ordering is false.
 Errors name the position (1-based) and show it with a caret.
+
+A field may hold several values (``source_episode``: a multiplied episode's segments may come from several
+source episodes): ``==`` and an ordering are true when any value satisfies them, ``!=`` when none equals.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ FIELDS: Mapping[str, FieldInfo] = {
     "failed_segment": FieldInfo(STRING, "the segment a kept failure failed in (null for other episodes)"),
     "replay": FieldInfo(STRING, 'the replay verdict, from --replay-report ("reproduced", "diverged", "error"; '
                                 "null when not replayed)"),
+    "source_episode": FieldInfo(NUMBER, "demoforge multiply: the source episodes its segments came from (== is true "
+                                        "when any segment did, != when none did; null when not multiplied)"),
 }
 COMPARISONS = ("==", "!=", "<=", ">=", "<", ">")
 KEYWORDS = ("and", "or", "not", "true", "false", "null")
@@ -124,6 +129,54 @@ def _tokens(text: str) -> list[_Token]:
         else:
             out.append(_Token(raw, raw, raw, start))
         pos = match.end()
+
+
+@dataclass(frozen=True, eq=False)
+class AnyOf:
+    """A field's several values: a comparison holds when any of them satisfies it, ``!=`` when none equals
+    (so ``x != v`` is ``not (x == v)``). Compared with Python's operators, either side."""
+
+    values: frozenset[Any]
+
+    def __eq__(self, other: object) -> bool:
+        return any(v == o for v in self.values for o in _values(other))
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __lt__(self, other: Any) -> bool:
+        return any(v < o for v in self.values for o in _values(other))
+
+    def __le__(self, other: Any) -> bool:
+        return any(v <= o for v in self.values for o in _values(other))
+
+    def __gt__(self, other: Any) -> bool:
+        return any(v > o for v in self.values for o in _values(other))
+
+    def __ge__(self, other: Any) -> bool:
+        return any(v >= o for v in self.values for o in _values(other))
+
+    def __hash__(self) -> int:
+        return hash(self.values)
+
+    def __repr__(self) -> str:
+        return f"any of {sorted(self.values)}"
+
+
+def _values(value: Any) -> frozenset[Any]:
+    return value.values if isinstance(value, AnyOf) else frozenset([value])
+
+
+def provenance_facts(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``source_episode`` of an episode record: the source episodes its segments' ``multiply`` provenance names
+    (None when no segment has one)."""
+    sources = set()
+    for segment in record.get("segments") or []:
+        origin = (segment.get("metadata") or {}).get("multiply") if isinstance(segment, Mapping) else None
+        if isinstance(origin, Mapping) and isinstance(origin.get("source_episode"), int) \
+                and not isinstance(origin.get("source_episode"), bool):
+            sources.add(int(origin["source_episode"]))
+    return {"source_episode": AnyOf(frozenset(sources)) if sources else None}
 
 
 # -------------------------------------------------------------------------------------------- the tree
