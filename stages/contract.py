@@ -91,12 +91,16 @@ class DemoError(Exception):
         super().__init__(self._render())
 
     def _render(self) -> str:
+        return f"{self.where()}: {self.detail}"
+
+    def where(self) -> str:
+        """The task, and the segment and step where known: "task 'fetch', segment 2:'lift', step 14"."""
         where = [f"task {self.task!r}"]
         if self.segment is not None:
             where.append(f"segment {self.segment_id}:{self.segment!r}")
         if self.step is not None:
             where.append(f"step {self.step}")
-        return f"{', '.join(where)}: {self.detail}"
+        return ", ".join(where)
 
     def locate(self, *, task: str, segment: str | None, segment_id: int | None, step: int | None) -> DemoError:
         """Fill in the location where it was not known when raised."""

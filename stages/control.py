@@ -57,12 +57,7 @@ class PolicyError(DemoError, RuntimeError):
         super().__init__(message, **where)
 
     def _render(self) -> str:
-        where = [f"task {self.task!r}"]
-        if self.segment is not None:
-            where.append(f"segment {self.segment_id}:{self.segment!r}")
-        if self.step is not None:
-            where.append(f"step {self.step}")
-        return f"--driver {self.driver}: {self.detail} (at {', '.join(where)})"
+        return f"--driver {self.driver}: {self.detail} (at {self.where()})"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,35 @@ from demoforge.storage.lerobot.validate import validate_dataset
 CAM = "observation.images.cam"
 
 
+def lerobot_written_dataset(root: Path, lengths: tuple[int, ...] = (9, 11, 7),
+                            tasks: tuple[str, ...] = ("pick",)) -> Path:
+    """Episodes of ``lengths`` frames written by LeRobot's own recorder at 10 fps (h264, a keyframe every 4
+    frames), a 2-d state and action and one 32x32 camera ``CAM`` whose every frame differs; episode i's task is
+    ``tasks[i % len(tasks)]``."""
+    from lerobot.configs import RGBEncoderConfig
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    features = {"observation.state": {"dtype": "float32", "shape": (2,), "names": None},
+                "action": {"dtype": "float32", "shape": (2,), "names": None},
+                CAM: {"dtype": "video", "shape": (32, 32, 3), "names": ["height", "width", "channels"]}}
+    dataset = LeRobotDataset.create("local/foreign", fps=10, features=features, root=root, use_videos=True,
+                                    rgb_encoder=RGBEncoderConfig(vcodec="h264", g=4,
+                                                                 extra_options={"sc_threshold": "0"}))
+    rng = np.random.default_rng(0)
+    g = 0
+    for episode, length in enumerate(lengths):
+        for _ in range(length):
+            image = np.zeros((32, 32, 3), np.uint8)
+            image[:, :, 0], image[:, :, 1], image[g % 32, :, 2] = (g * 7) % 256, 100, 255
+            g += 1
+            dataset.add_frame({"observation.state": rng.random(2, dtype=np.float32),
+                               "action": rng.random(2, dtype=np.float32), CAM: image,
+                               "task": tasks[episode % len(tasks)]})
+        dataset.save_episode()
+    dataset.finalize()
+    return root
+
+
 def toy_store(store: Path, episodes: int, task: str = "toy-point", steps: int = 20, size: int = 32,
               codec: str = "h264") -> Path:
     report = run_job(JobSpec(task=task, episodes=episodes, task_options={"steps": steps, "size": size},

@@ -20,7 +20,7 @@ from demoforge.pipeline.runner import run_job
 from demoforge.storage.convert import convert
 from demoforge.storage.lerobot.export import export_stores
 from demoforge.storage.lerobot.stats_file import read_stats
-from edit_helpers import continuous_reencode, episode_frames, episodes_meta, sidecar, tree
+from edit_helpers import continuous_reencode, episode_frames, episodes_meta, lerobot_written_dataset, sidecar, tree
 from helpers import demoforge_argv, kill_at_step, psnr, run_cli
 
 pytestmark = pytest.mark.slow
@@ -118,27 +118,7 @@ def test_v21_converts_back_with_lerobots_own_converter_to_the_same_rows_frames_a
 def _lerobot_dataset(root: Path) -> Path:
     """3 episodes (9, 11, 7 frames) written by LeRobot's own recorder (h264), its video then re-encoded as one
     stream with a keyframe every 4 frames: episodes 1 and 2 start between keyframes."""
-    from lerobot.configs import RGBEncoderConfig
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
-    cam = "observation.images.cam"
-    features = {"observation.state": {"dtype": "float32", "shape": (2,), "names": None},
-                "action": {"dtype": "float32", "shape": (2,), "names": None},
-                cam: {"dtype": "video", "shape": (32, 32, 3), "names": ["height", "width", "channels"]}}
-    dataset = LeRobotDataset.create("local/foreign", fps=10, features=features, root=root, use_videos=True,
-                                    rgb_encoder=RGBEncoderConfig(vcodec="h264", g=4,
-                                                                 extra_options={"sc_threshold": "0"}))
-    rng = np.random.default_rng(0)
-    g = 0
-    for length in (9, 11, 7):
-        for _ in range(length):
-            image = np.zeros((32, 32, 3), np.uint8)
-            image[:, :, 0], image[:, :, 1], image[g % 32, :, 2] = (g * 7) % 256, 100, 255
-            g += 1
-            dataset.add_frame({"observation.state": rng.random(2, dtype=np.float32),
-                               "action": rng.random(2, dtype=np.float32), cam: image, "task": "pick"})
-        dataset.save_episode()
-    dataset.finalize()
+    lerobot_written_dataset(root)
     continuous_reencode(root, g=4)
     return root
 

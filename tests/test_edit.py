@@ -26,6 +26,7 @@ from edit_helpers import (
     data_rows,
     episode_frames,
     episodes_meta,
+    lerobot_written_dataset,
     packet_hashes,
     sidecar,
     toy_store,
@@ -211,7 +212,7 @@ def test_bad_input_is_exit_2_and_nothing_is_written(two_tasks, tmp_path, capsys)
 
 
 def test_a_lerobot_dataset_is_smart_cut_and_the_reencoded_frames_are_reported(tmp_path, capsys):
-    foreign = _lerobot_dataset(tmp_path / "foreign")
+    foreign = lerobot_written_dataset(tmp_path / "foreign", (9, 11, 7, 10), ("pick", "place"))
     continuous_reencode(foreign, g=4)  # episodes at frames 0, 9, 20, 27: 9 and 27 are not keyframes
     before = tree(foreign)
     assert main(["edit", str(foreign), "--delete", "0"]) == 2
@@ -245,32 +246,6 @@ def test_a_lerobot_dataset_is_smart_cut_and_the_reencoded_frames_are_reported(tm
     assert violations(edited, demoforge=False) == []
     main(["edit", str(edited), "--delete", "0", "--dry-run"])
     assert "dry run: nothing was written" in capsys.readouterr().out
-
-
-def _lerobot_dataset(root: Path) -> Path:
-    """4 episodes (9, 11, 7, 10 frames; tasks pick / place) written by LeRobot's own recorder, h264."""
-    from lerobot.configs import RGBEncoderConfig
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
-    features = {"observation.state": {"dtype": "float32", "shape": (2,), "names": None},
-                "action": {"dtype": "float32", "shape": (2,), "names": None},
-                CAM: {"dtype": "video", "shape": (32, 32, 3), "names": ["height", "width", "channels"]}}
-    dataset = LeRobotDataset.create("local/foreign", fps=10, features=features, root=root, use_videos=True,
-                                    rgb_encoder=RGBEncoderConfig(vcodec="h264", g=4,
-                                                                 extra_options={"sc_threshold": "0"}))
-    rng = np.random.default_rng(0)
-    g = 0
-    for episode, length in enumerate([9, 11, 7, 10]):
-        for _ in range(length):
-            image = np.zeros((32, 32, 3), np.uint8)
-            image[:, :, 0], image[:, :, 1], image[g % 32, :, 2] = (g * 7) % 256, 100, 255
-            g += 1
-            dataset.add_frame({"observation.state": rng.random(2, dtype=np.float32),
-                               "action": rng.random(2, dtype=np.float32), CAM: image,
-                               "task": ["pick", "place"][episode % 2]})
-        dataset.save_episode()
-    dataset.finalize()
-    return root
 
 
 def test_viewer_marks_rejected_beside_the_dataset_and_edit_deletes_them(two_tasks, tmp_path):

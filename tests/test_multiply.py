@@ -31,6 +31,7 @@ from demoforge.pipeline.multiply_plan import (
 from demoforge.stages.task_protocol import Pose
 from demoforge.storage.episode_source import open_episode_source
 from helpers import REPO, cli_env, run_cli
+from lerobot_loop import train
 
 FETCH = ("--option", "cycles=1", "--option", "image_size=64", "--option", "antialias=false", "--codec", "h264")
 REACH = ("--task", "metaworld-reach-v3", "--option", "camera=none", "--codec", "h264")  # no renderer: fast
@@ -139,7 +140,7 @@ def _catalog(store):
 
 
 @pytest.mark.slow
-def test_multiplied_fetch_episodes_replay_and_export_their_provenance(fetch_source, tmp_path):
+def test_multiplied_fetch_episodes_replay_keep_provenance_through_export_and_merge_and_train(fetch_source, tmp_path):
     store, dataset = tmp_path / "store", tmp_path / "dataset"
     result = run_cli("multiply", str(fetch_source), *FETCH, "--episodes", "2", "--seed", "5", "--max-attempts", "10",
                      "--store", str(store), "--export", str(dataset))
@@ -165,6 +166,19 @@ def test_multiplied_fetch_episodes_replay_and_export_their_provenance(fetch_sour
     other = run_cli("multiply", str(fetch_source), *FETCH, "--episodes", "2", "--seed", "5", "--strategy", "nearest",
                     "--store", str(store))
     assert other.returncode == 2 and "demoforge multiply: error:" in other.stderr, other.stderr
+    # The provenance survives a merge with the sources' own export, and LeRobot trains on the merged dataset.
+    sources = tmp_path / "sources"
+    shutil.copytree(fetch_source, sources / "store")  # the module's source store stays unexported
+    assert run_cli("export", "--store", str(sources / "store"), "--out", str(sources / "ds")).returncode == 0
+    merged = tmp_path / "merged"
+    done = run_cli("merge", str(sources / "ds"), str(dataset), "--out", str(merged))
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [json.loads(line) for line in (merged / "meta" / "demoforge_episodes.jsonl").read_text().splitlines()]
+    origins = [[seg["metadata"].get("multiply") for seg in row["segments"]] for row in rows]
+    assert sum(all(o is not None for o in episode) for episode in origins) == 2  # the multiplied ones, whole
+    assert sum(all(o is None for o in episode) for episode in origins) == 2  # the sources, none
+    config = json.loads((train(tmp_path, merged) / "config.json").read_text())
+    assert config["output_features"]["action"]["shape"] == [4]
 
 
 @pytest.mark.slow

@@ -19,7 +19,17 @@ from demoforge.storage.lerobot.edit_trim import TrimSpec
 from demoforge.storage.lerobot.episode_filter import parse_filter
 from demoforge.storage.lerobot.export import export_stores
 from demoforge.storage.lerobot_stats import sample_indices
-from edit_helpers import CAM, copy_dataset, episode_frames, episodes_meta, sidecar, toy_store, tree, violations
+from edit_helpers import (
+    CAM,
+    copy_dataset,
+    episode_frames,
+    episodes_meta,
+    lerobot_written_dataset,
+    sidecar,
+    toy_store,
+    tree,
+    violations,
+)
 from helpers import demoforge_argv, kill_at_step, psnr, run_cli
 
 pytestmark = pytest.mark.slow
@@ -132,33 +142,8 @@ def test_trim_by_segments_and_at_the_end_rebases_everything_our_dataset_records(
     assert sidecar(dataset)[1]["success"] is True  # the outcome of the episode stays recorded
 
 
-def _lerobot_dataset(root: Path) -> Path:
-    """3 episodes (9, 11, 7 frames) written by LeRobot's own recorder, h264 with a keyframe every 4 frames."""
-    from lerobot.configs import RGBEncoderConfig
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
-    features = {"observation.state": {"dtype": "float32", "shape": (2,), "names": None},
-                "action": {"dtype": "float32", "shape": (2,), "names": None},
-                CAM: {"dtype": "video", "shape": (32, 32, 3), "names": ["height", "width", "channels"]}}
-    dataset = LeRobotDataset.create("local/foreign", fps=FPS, features=features, root=root, use_videos=True,
-                                    rgb_encoder=RGBEncoderConfig(vcodec="h264", g=4,
-                                                                 extra_options={"sc_threshold": "0"}))
-    rng = np.random.default_rng(0)
-    g = 0
-    for length in (9, 11, 7):
-        for _ in range(length):
-            image = np.zeros((32, 32, 3), np.uint8)
-            image[:, :, 0], image[:, :, 1], image[g % 32, :, 2] = (g * 7) % 256, 100, 255
-            g += 1
-            dataset.add_frame({"observation.state": rng.random(2, dtype=np.float32),
-                               "action": rng.random(2, dtype=np.float32), CAM: image, "task": "pick"})
-        dataset.save_episode()
-    dataset.finalize()
-    return root
-
-
 def test_trim_by_counts_of_a_lerobot_dataset_is_smart_cut_and_loads(tmp_path):
-    source = _lerobot_dataset(tmp_path / "foreign")
+    source = lerobot_written_dataset(tmp_path / "foreign")
     before = tree(source)
     out = tmp_path / "trimmed"
     report = edit_dataset(source, trim=TrimSpec(start=2, end=3), out=out)
@@ -180,7 +165,7 @@ def test_trim_by_counts_of_a_lerobot_dataset_is_smart_cut_and_loads(tmp_path):
 
 def test_every_refusal_is_one_line_exit_2_and_nothing_written(toy, tmp_path):
     dataset = copy_dataset(toy, tmp_path / "copy")
-    foreign = _lerobot_dataset(tmp_path / "foreign")
+    foreign = lerobot_written_dataset(tmp_path / "foreign")
     before, before_foreign = tree(tmp_path), tree(foreign)
     cases = [
         ((str(dataset), "--trim", "start=3"), "--trim start=3 cuts episode 0 at frame 3, inside its segment "

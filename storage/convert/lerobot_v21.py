@@ -33,7 +33,7 @@ import numpy as np
 from demoforge.storage.convert.reading import reading
 from demoforge.storage.convert.report import ConvertError, ConvertReport
 from demoforge.storage.faults import export_pause
-from demoforge.storage.lerobot.edit_source import DatasetToEdit, EditError, open_dataset
+from demoforge.storage.lerobot.edit_source import DatasetToEdit
 from demoforge.storage.lerobot.format import INFO, SIDECAR, STATS
 from demoforge.storage.lerobot.stats_file import aggregate_stats, stats_json_text
 from demoforge.storage.lerobot.subtasks import COLUMNS as SUBTASK_COLUMNS
@@ -56,11 +56,7 @@ CARRIED = (SIDECAR, *(PROPORTIONS_PATH.format(mode=mode) for mode in MODES))
 
 def write(dataset: Path, out: Path) -> ConvertReport:
     """Write the v3.0 dataset at ``dataset`` as LeRobot v2.1 into the new folder ``out``."""
-    try:
-        source = open_dataset(dataset)
-    except EditError as exc:
-        raise ConvertError(str(exc)) from None
-    with reading(source):
+    with reading(dataset) as source:
         return _Writer(source, out).write()
 
 

@@ -34,7 +34,7 @@ from demoforge.storage.convert.report import ConvertError, ConvertReport
 from demoforge.storage.convert.reading import reading
 from demoforge.storage.convert.robomimic_hdf5 import Layout, camera_frames, column, plan, segments_of
 from demoforge.storage.faults import export_pause
-from demoforge.storage.lerobot.edit_source import DatasetToEdit, EditError, open_dataset
+from demoforge.storage.lerobot.edit_source import DatasetToEdit
 
 FORMAT = "rlds"
 VERSION = "1.0.0"
@@ -44,11 +44,7 @@ EXTRA = "pip install 'demoforge[rlds]' (tensorflow-cpu and tensorflow-datasets)"
 def write(dataset: Path, out: Path) -> ConvertReport:
     """Write the v3.0 dataset at ``dataset`` as an RLDS (TFDS) dataset into the new folder ``out``."""
     tfds = _tfds()
-    try:
-        source = open_dataset(dataset)
-    except EditError as exc:
-        raise ConvertError(str(exc)) from None
-    with reading(source):
+    with reading(dataset) as source:
         layout = plan(source)
         splits = {name: indices for name, indices in layout.masks.items()
                   if name not in ("successful", "failed") and indices} or {"train": tuple(range(len(source.episodes)))}

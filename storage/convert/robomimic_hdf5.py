@@ -36,7 +36,7 @@ from demoforge.storage.convert.reading import reading
 from demoforge.storage.convert.report import ConvertError, ConvertReport
 from demoforge.storage.depth import dequantize
 from demoforge.storage.faults import export_pause
-from demoforge.storage.lerobot.edit_source import DatasetToEdit, EditError, open_dataset
+from demoforge.storage.lerobot.edit_source import DatasetToEdit
 from demoforge.storage.lerobot.format import INFO, depth_identity_of_info
 from demoforge.storage.paths import short_path
 from demoforge.storage.video import decode_span
@@ -73,11 +73,7 @@ class Layout:
 
 def write(dataset: Path, out: Path) -> ConvertReport:
     """Write the v3.0 dataset at ``dataset`` as one robomimic HDF5 file at the new path ``out``."""
-    try:
-        source = open_dataset(dataset)
-    except EditError as exc:
-        raise ConvertError(str(exc)) from None
-    with reading(source):
+    with reading(dataset) as source:
         layout = plan(source)
         return _write(source, layout, out)
 
