@@ -93,6 +93,9 @@ def ray_token_cluster(tmp_path_factory):
 # instead of one running a 2-minute file alone at the end. Files not listed count as small.
 FILE_SECONDS = {
     "test_doc_commands.py": 175,  # measured alone, 2026-12-05 08:45 UTC (load average 2-3.5): 145 CPU-s
+    # the files added on 2026-12-05, each from its own runs that day on a shared machine (not a suite run)
+    "test_multiply.py": 80, "test_task_robosuite.py": 60, "test_convert_hdf5.py": 45, "test_hostile_inputs.py": 40,
+    "test_multiply_jobs.py": 35, "test_convert.py": 25, "test_trim.py": 20, "test_cli_output.py": 20,
     "test_scale_out.py": 110, "test_metaworld.py": 75, "test_rerender.py": 70, "test_replay.py": 65,
     "test_task_so101.py": 60, "test_reliability.py": 50, "test_viewer.py": 45, "test_export.py": 45,
     "test_export_watchdog.py": 40, "test_edit_crash.py": 40, "test_policy_loop.py": 40, "test_daemon.py": 40,

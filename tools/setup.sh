@@ -56,6 +56,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! compgen -G 'storage/_rgb_su
     say "installing Python packages (first run downloads a few GiB: torch comes as a CUDA build)"
     .venv/bin/python -m pip install -q --upgrade pip </dev/null
     .venv/bin/python -m pip install -q -e '.[test,ray]' </dev/null  # one resolve: see pyproject's ray extra
+    .venv/bin/python -m pip install -q --no-deps robosuite==1.5.2 </dev/null  # pins mink==0.0.5: see pyproject.toml
     echo "$want" > "$stamp"
 fi
 # The editable install maps the repository folders into the demoforge package; check that it imports.

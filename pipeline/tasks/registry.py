@@ -240,6 +240,7 @@ _BUILTIN_MODULES = {
     "aloha-transfer-cube": "demoforge.pipeline.tasks.aloha_transfer_cube",
     "aloha-insertion": "demoforge.pipeline.tasks.aloha_insertion",
     "so101-pick-place": "demoforge.pipeline.tasks.so101_pick_place",
+    "robosuite-lift": "demoforge.pipeline.tasks.robosuite_lift",
 }
 # Built-in families: every name with the prefix is registered when the module is imported; its ``task_names()``
 # lists them without importing a simulator.
