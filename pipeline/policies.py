@@ -22,7 +22,7 @@ from typing import Any
 from demoforge.pipeline.policy_io import PolicyLoadError, features_of, task_features
 from demoforge.pipeline.tasks.registry import TaskInfo
 from demoforge.stages.contract import RecordedObservation
-from demoforge.stages.control import Policy, bounded_call
+from demoforge.stages.control import Policy, bounded_call, describe_failure
 from demoforge.storage.paths import short_path
 
 _FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
@@ -99,9 +99,7 @@ def check_driver(make: Callable[[], Policy], driver: str, timeout_s: float | Non
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # sys.exit() in a factory is the factory's failure, not the command's exit
-        detail = " ".join(str(exc).split())[:400]
-        raise PolicyLoadError(f"--driver {driver}: building the policy raised {type(exc).__name__}"
-                              + (f": {detail}" if detail else "")) from None
+        raise PolicyLoadError(f"--driver {driver}: building the policy {describe_failure(exc)}") from None
     spare: list[Policy] = [first]
     lock = threading.Lock()
 

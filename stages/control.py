@@ -190,9 +190,9 @@ class Policy(Protocol):
     def act(self, observation: RecordedObservation) -> Any: ...
 
 
-def _describe(exc: BaseException) -> str:
-    """What a policy's exception says, on one line and bounded (it ends up in the catalog and in one-line
-    messages)."""
+def describe_failure(exc: BaseException) -> str:
+    """What a policy's (or its factory's) exception says, on one line and bounded (it ends up in the catalog and
+    in one-line messages): "raised ValueError: ..." or "called sys.exit(3)"."""
     if isinstance(exc, SystemExit):
         return f"called sys.exit({exc.code!r})"
     text = " ".join(str(exc).split())
@@ -304,7 +304,7 @@ class GuardedPolicy:
             raise PolicyError(f"{what}() did not return within {self.timeout_s:g} s (--policy-timeout); the call "
                               "was abandoned", driver=self.driver) from None
         if reply.error is not None:
-            raise PolicyError(f"{what}() {_describe(reply.error)}", driver=self.driver) from reply.error
+            raise PolicyError(f"{what}() {describe_failure(reply.error)}", driver=self.driver) from reply.error
         return reply.value
 
 
@@ -379,4 +379,4 @@ def _policy_call(driver: str, what: str, fn: Callable[..., Any], *args: Any) -> 
     except (PolicyError, KeyboardInterrupt):
         raise
     except BaseException as exc:
-        raise PolicyError(f"{what}() {_describe(exc)}", driver=driver) from exc
+        raise PolicyError(f"{what}() {describe_failure(exc)}", driver=driver) from exc

@@ -45,6 +45,7 @@ from demoforge.stages.control import (
     GuardedPolicy,
     Policy,
     PolicyError,
+    describe_failure,
 )
 from demoforge.stages.task_protocol import (
     ChecksSuccess,
@@ -560,8 +561,7 @@ class Executor:
             except (PolicyError, KeyboardInterrupt):
                 raise
             except BaseException as exc:
-                raise PolicyError(f"building the policy raised {type(exc).__name__}: {exc}"[:400],
-                                  driver=driver) from exc
+                raise PolicyError(f"building the policy {describe_failure(exc)}", driver=driver) from exc
             policy = self._policies[row] = GuardedPolicy(built, driver, self.control.policy_timeout_s)
         return policy
 

@@ -8,9 +8,12 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+if TYPE_CHECKING:  # imported when a job runs: `demoforge --help` needs none of it
+    from rich.progress import Progress
 
 from demoforge.pipeline.tasks.randomization import AXES
 from demoforge.pipeline.tasks.registry import DEFAULT_TASK, TaskOptionError
@@ -57,6 +60,16 @@ def add_command(sub: argparse._SubParsersAction, name: str, *, example: str, **k
     """A command's parser, with the one formatter and the example its help ends with (a test checks every
     command has one); ``kwargs`` go to ``add_parser`` (help, description)."""
     return sub.add_parser(name, formatter_class=HelpFormatter, epilog="example:\n  " + example, **kwargs)
+
+
+def job_progress(console: Console) -> Progress:
+    """The bar a job shows on a terminal (generate, multiply, rerender): description, bar, count, a detail field,
+    time; disabled elsewhere, where the command prints a line now and then instead. User text is not markup."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[detail]}", markup=False), TimeElapsedColumn(), console=console,
+                    disable=not console.is_terminal)
 
 
 def add_job_options(p: argparse.ArgumentParser) -> None:

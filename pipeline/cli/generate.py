@@ -15,6 +15,7 @@ from demoforge.pipeline.cli.common import (
     add_command,
     add_control_options,
     add_job_options,
+    job_progress,
     control_spec,
     make_console,
     task_options,
@@ -116,16 +117,12 @@ def _job_spec(args: argparse.Namespace) -> JobSpec:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from demoforge.pipeline.runner import JobRunner, JobStats
 
     executor = _executor_config(args)
     spec = _job_spec(args)
     console = make_console(stderr=True)
-    progress = Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[detail]}", markup=False), TimeElapsedColumn(), console=console,
-                        disable=not console.is_terminal)
+    progress = job_progress(console)
     last_line = [0.0]
     finished_tasks: set[str] = set()
 

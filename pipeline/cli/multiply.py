@@ -16,6 +16,7 @@ from demoforge.pipeline.cli.common import (
     add_command,
     add_control_options,
     add_job_options,
+    job_progress,
     make_console,
     task_options,
 )
@@ -46,8 +47,6 @@ def add_multiply_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_multiply(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from demoforge.pipeline.cli.generate import _executor_config, _job_spec, _workers_note, export_after_job
     from demoforge.pipeline.multiply import MAX_INTERPOLATION, SOURCE_DIR, TASK, MultiplyInputError, extract_source
     from demoforge.pipeline.multiply_plan import source_file_name
@@ -64,9 +63,7 @@ def cmd_multiply(args: argparse.Namespace) -> int:
     store = Path(args.store)
     file = store.resolve() / SOURCE_DIR / source_file_name(prepared.source.content_hash())
     spec = replace(base, task=TASK, task_options=prepared.job_options(file, args.strategy, args.interpolation))
-    progress = Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(),
-                        MofNCompleteColumn(), TextColumn("{task.fields[detail]}", markup=False), TimeElapsedColumn(),
-                        console=err, disable=not err.is_terminal)
+    progress = job_progress(err)
     last_line = [0.0]
 
     def on_progress(stats: JobStats) -> None:

@@ -15,6 +15,7 @@ from demoforge.pipeline.cli.common import (
     add_codec_option,
     add_command,
     add_randomize_option,
+    job_progress,
     make_console,
     parse_options,
 )
@@ -75,8 +76,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_rerender(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from demoforge.pipeline.cli.generate import export_after_job
     from demoforge.pipeline.job import JobSpec, VideoSettings
     from demoforge.pipeline.rerender import RerenderInputError, check_rerender_output, plan_rerender
@@ -111,9 +110,7 @@ def cmd_rerender(args: argparse.Namespace) -> int:
         if not result.committable:
             failures[item.ended.key.episode_index] = result.failure_reason or result.terminal_reason.value
 
-    progress = Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[detail]}", markup=False), TimeElapsedColumn(), console=console,
-                        disable=not console.is_terminal)
+    progress = job_progress(console)
     last_line = [0.0]
 
     def on_progress(stats: JobStats) -> None:

@@ -23,6 +23,7 @@ file's decode timestamps only increase (runs with less delay are decoded a littl
 from __future__ import annotations
 
 import bisect
+import contextlib
 import io
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -254,14 +255,8 @@ def copy_spans(source: VideoFile, spans: Sequence[Span], out_path: Path,
                info: Mapping[str, Any] | None = None) -> CopyResult:
     """Write the episodes ``spans`` of ``source`` (in time order) into a new mp4 at ``out_path``, one after
     another from time 0, copying their packets (re-encoding only what :meth:`VideoFile.cut` reports)."""
-    if any(b.from_s < a.to_s - 0.5 / source.fps for a, b in zip(spans, spans[1:])):
-        raise VideoCutError(f"{source.path}: the episodes to keep are not in time order in the file")
-    plans = [source.plan(span, info) for span in spans]
-    with av.open(str(source.path)) as src:
-        in_stream = src.streams.video[0]
-        packets = _Packets(source, src, in_stream, _copied_orders(plans))
-        result = _write(source, plans, spans, out_path, in_stream, packets)
-    return result
+    with _reading(source, spans, info, "to keep") as (plans, in_stream, packets):
+        return _write(source, plans, spans, out_path, in_stream, packets)
 
 
 def copy_episodes(source: VideoFile, spans: Sequence[Span], out_paths: Sequence[Path],
@@ -271,15 +266,21 @@ def copy_episodes(source: VideoFile, spans: Sequence[Span], out_paths: Sequence[
     episode, from a v3.0 file holding many)."""
     if len(spans) != len(out_paths):
         raise ValueError("one output path per span")
+    with _reading(source, spans, info, "to copy") as (plans, in_stream, packets):
+        return tuple(_write(source, [plan], [span], path, in_stream, packets)
+                     for plan, span, path in zip(plans, spans, out_paths))
+
+
+@contextlib.contextmanager
+def _reading(source: VideoFile, spans: Sequence[Span], info: Mapping[str, Any] | None,
+             what: str) -> Iterator[tuple[list[_Plan], Any, _Packets]]:
+    """The spans' cut plans, and the source open with the packets they copy, for one pass over the file."""
     if any(b.from_s < a.to_s - 0.5 / source.fps for a, b in zip(spans, spans[1:])):
-        raise VideoCutError(f"{source.path}: the episodes to copy are not in time order in the file")
+        raise VideoCutError(f"{source.path}: the episodes {what} are not in time order in the file")
     plans = [source.plan(span, info) for span in spans]
     with av.open(str(source.path)) as src:
         in_stream = src.streams.video[0]
-        packets = _Packets(source, src, in_stream, _copied_orders(plans))
-        results = tuple(_write(source, [plan], [span], path, in_stream, packets)
-                        for plan, span, path in zip(plans, spans, out_paths))
-    return results
+        yield plans, in_stream, _Packets(source, src, in_stream, _copied_orders(plans))
 
 
 def _copied_orders(plans: Sequence[_Plan]) -> set[int]:
