@@ -234,12 +234,13 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(fetch, tmp_path):
         assert tree(tmp_path) == before, out
 
 
-def test_a_kill_mid_conversion_leaves_only_a_partial_file(fetch, tmp_path):
-    out = tmp_path / "killed.hdf5"
-    kill_at_step(demoforge_argv("convert", str(fetch["dataset"]), "--format", "robomimic-hdf5", "--out", str(out)),
+@pytest.mark.parametrize("fmt, name", [("robomimic-hdf5", "killed.hdf5"), ("rlds", "killed")])
+def test_a_kill_mid_conversion_leaves_only_a_partial_output(fetch, tmp_path, fmt, name):
+    out = tmp_path / name
+    kill_at_step(demoforge_argv("convert", str(fetch["dataset"]), "--format", fmt, "--out", str(out)),
                  "after_videos", tmp_path / "hung")
     left = sorted(p.name for p in tmp_path.iterdir() if p.name != "hung")
-    assert len(left) == 1 and left[0].startswith("killed.hdf5.partial-"), left
+    assert len(left) == 1 and left[0].startswith(f"{name}.partial-"), left
     assert not out.exists()
 
 
@@ -328,12 +329,3 @@ def test_rlds_without_tensorflow_datasets_is_refused_before_anything_is_written(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--format rlds needs TensorFlow Datasets" in lines[0] and "demoforge[rlds]" in lines[0]
     assert tree(tmp_path) == before
-
-
-def test_a_kill_mid_rlds_conversion_leaves_only_a_partial_folder(fetch, tmp_path):
-    out = tmp_path / "killed"
-    kill_at_step(demoforge_argv("convert", str(fetch["dataset"]), "--format", "rlds", "--out", str(out)),
-                 "after_videos", tmp_path / "hung")
-    left = sorted(p.name for p in tmp_path.iterdir() if p.name != "hung")
-    assert len(left) == 1 and left[0].startswith("killed.partial-"), left
-    assert not out.exists()

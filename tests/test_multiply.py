@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
 
@@ -30,7 +29,7 @@ from demoforge.pipeline.multiply_plan import (
 )
 from demoforge.stages.task_protocol import Pose
 from demoforge.storage.episode_source import open_episode_source
-from helpers import REPO, cli_env, run_cli
+from helpers import REPO, attempts_now, cli_env, run_cli
 from lerobot_loop import train
 
 FETCH = ("--option", "cycles=1", "--option", "image_size=64", "--option", "antialias=false", "--codec", "h264")
@@ -130,13 +129,7 @@ def fetch_source(tmp_path_factory):
 
 
 def _catalog(store):
-    db = sqlite3.connect(f"file:{store / 'catalog.sqlite'}?mode=ro", uri=True)
-    try:
-        rows = db.execute("SELECT episode_index, seed, record FROM attempts WHERE state IN ('committed', 'exported') "
-                          "ORDER BY episode_index").fetchall()
-    finally:
-        db.close()
-    return [(index, seed, json.loads(record)) for index, seed, record in rows]
+    return [(row.episode_index, row.seed, row.record) for row in attempts_now(store, ("committed", "exported"))]
 
 
 @pytest.mark.slow

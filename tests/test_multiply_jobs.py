@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import subprocess
 import time
 
@@ -18,7 +17,7 @@ from demoforge.pipeline.daemon_config import DaemonConfigError, load_config
 from demoforge.pipeline.multiply import task_poses
 from demoforge.pipeline.tasks.registry import TaskOptionError, get_task
 from demoforge.storage.lerobot.episode_filter import parse_filter, provenance_facts
-from helpers import cli_env, daemon_events, demoforge_argv, run_cli
+from helpers import attempts_now, cli_env, daemon_events, demoforge_argv, run_cli
 
 REACH = ("--task", "metaworld-reach-v3", "--option", "camera=none", "--codec", "h264")  # no renderer: fast
 FETCH = {"cycles": 1, "image_size": 32, "antialias": False}
@@ -99,14 +98,9 @@ def uninterrupted(narrow_source, tmp_path_factory):
 
 
 def _committed(store):
-    db = sqlite3.connect(f"file:{store / 'catalog.sqlite'}?mode=ro", uri=True)
-    try:
-        rows = db.execute("SELECT episode_index, attempt, seed, content_hash, record FROM attempts WHERE state IN "
-                          "('committed', 'exported') ORDER BY episode_index").fetchall()
-    finally:
-        db.close()
-    return [(i, a, s, h, [(g["name"], g["start_step"], g["end_step"], g["metadata"]) for g in json.loads(r)["segments"]])
-            for i, a, s, h, r in rows]
+    return [(row.episode_index, row.attempt, row.seed, row.content_hash,
+             [(g["name"], g["start_step"], g["end_step"], g["metadata"]) for g in row.record["segments"]])
+            for row in attempts_now(store, ("committed", "exported"))]
 
 
 def _job_file(tmp_path, source, multiply='strategy = "nearest"'):
