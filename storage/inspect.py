@@ -15,6 +15,7 @@ import numpy as np
 from demoforge.storage.paths import CATALOG_FILE
 from demoforge.storage.depth import COLOUR_PERCENTILES, colourise, decode_codes, dequantize
 from demoforge.storage.episode_source import ReplayDatasetSource
+from demoforge.storage.lerobot.episode_filter import multiply_provenance
 from demoforge.storage.lerobot.format import INFO, SIDECAR, read_sidecar
 from demoforge.storage.store import open_store
 from demoforge.storage.schema import READABLE_STATES, AttemptState
@@ -84,16 +85,6 @@ class Inspection:
         episode: what ``describe`` counts and points to."""
         return [{"episode": _episode_key(record), "seed": record.get("seed"), "values": record["randomization"]}
                 for record in self.episodes if record.get("randomization")]
-
-
-def multiply_provenance(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ``multiply`` provenance of each segment of an episode record that has one (demoforge multiply)."""
-    out = []
-    for segment in record.get("segments") or []:
-        origin = (segment.get("metadata") or {}).get("multiply") if isinstance(segment, dict) else None
-        if isinstance(origin, dict):
-            out.append(origin)
-    return out
 
 
 def _episode_key(record: dict[str, Any]) -> Any:

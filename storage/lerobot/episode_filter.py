@@ -167,15 +167,21 @@ def _values(value: Any) -> frozenset[Any]:
     return value.values if isinstance(value, AnyOf) else frozenset([value])
 
 
+def multiply_provenance(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The ``multiply`` provenance of each segment of an episode record that has one (demoforge multiply)."""
+    out = []
+    for segment in record.get("segments") or []:
+        origin = (segment.get("metadata") or {}).get("multiply") if isinstance(segment, Mapping) else None
+        if isinstance(origin, Mapping):
+            out.append(origin)
+    return out
+
+
 def provenance_facts(record: Mapping[str, Any]) -> dict[str, Any]:
     """``source_episode`` of an episode record: the source episodes its segments' ``multiply`` provenance names
     (None when no segment has one)."""
-    sources = set()
-    for segment in record.get("segments") or []:
-        origin = (segment.get("metadata") or {}).get("multiply") if isinstance(segment, Mapping) else None
-        if isinstance(origin, Mapping) and isinstance(origin.get("source_episode"), int) \
-                and not isinstance(origin.get("source_episode"), bool):
-            sources.add(int(origin["source_episode"]))
+    sources = {int(origin["source_episode"]) for origin in multiply_provenance(record)
+               if isinstance(origin.get("source_episode"), int) and not isinstance(origin.get("source_episode"), bool)}
     return {"source_episode": AnyOf(frozenset(sources)) if sources else None}
 
 
