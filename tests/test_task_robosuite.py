@@ -118,3 +118,28 @@ def test_lift_episodes_are_multiplied_and_replay(tmp_path: Path):
     replayed = run_cli("replay", str(dataset), "--json")
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(replayed.stdout)["summary"] == {"reproduced": 1, "diverged": 0, "error": 0}
+
+
+def test_a_randomized_scene_is_drawn_on_the_model_its_episode_runs():
+    """robosuite loads a model per seed; the draw comes after that load, so the episode runs the drawn physics
+    and placement range (drawn before the reload, they would be lost), and with every axis on the expert still
+    lifts the cube."""
+    env: Any = get_task(TASK).build({"camera": "none", "randomize": "all", "randomize.init.scale": 1.5})
+    try:
+        drawn = env.demo_randomize(11)
+        env.reset(seed=11)
+        suite = env.unwrapped.suite_env
+        plain = _plain_lift(11)
+        try:
+            plain.reset()
+            cube = suite.cube_body_id
+            assert suite.sim.model.body_mass[cube] == pytest.approx(plain.sim.model.body_mass[cube] *
+                                                                    drawn["physics"]["mass"])
+        finally:
+            plain.close()
+        assert drawn["init"]["ObjectSampler"]["x_range"] == pytest.approx([-0.045, 0.045])
+        assert suite.placement_initializer.x_range == pytest.approx([-0.045, 0.045])
+        ends = ended(list(run_episodes(env, task=TASK, episodes=1, job_seed=0, max_attempts=1)))
+        assert [end.result.committable for end in ends] == [True]
+    finally:
+        env.close()

@@ -115,6 +115,9 @@ class SceneRandomization:
     bodies: BodyPatterns = ()  # whose friction, mass and damping may vary
     init: Callable[[gym.Env, float], Mapping[str, Any]] | None = None  # widens the initial-state range
     limits: Mapping[str, float] = field(default_factory=dict)  # narrower limits than RANGES'
+    # Called with the attempt's seed before anything is drawn, for a task whose model depends on the seed
+    # (robosuite loads a model per seed): it loads that model now, so the draw lands on the one the episode runs
+    before_draw: Callable[[gym.Env, int], None] | None = None
 
     def axes(self) -> tuple[str, ...]:
         """The axes this task supports."""
@@ -244,6 +247,8 @@ class RandomizedScene(gym.Wrapper):
 
     def demo_randomize(self, seed: int, variant: int = 0) -> dict[str, Any]:
         """Put the scene back to nominal, then draw every enabled axis; returns what was drawn (JSON-safe)."""
+        if self.scene.before_draw is not None:
+            self.scene.before_draw(self.env, int(seed))
         model = self.scene.model(self.env)
         nominal = self._nominal
         if nominal is None or nominal.model is not model:
