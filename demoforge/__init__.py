@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "SelectsEpisode": "demoforge.stages.task_protocol",
     "SeedsAttempt": "demoforge.stages.task_protocol",
     "Randomizes": "demoforge.stages.task_protocol",
+    "RandomizesVariants": "demoforge.stages.task_protocol",
     "task_capability": "demoforge.stages.task_protocol",
     # poses for `demoforge multiply` (docs/multiply.md)
     "TracksPoses": "demoforge.stages.task_protocol",
@@ -49,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "ReactiveExpert": "demoforge.pipeline.reactive",
     "PolicyExpert": "demoforge.pipeline.reactive",
     "ReturnBranch": "demoforge.pipeline.reactive",
+    "ReturnBranchUnsupported": "demoforge.pipeline.reactive",
     "reactive_segments": "demoforge.pipeline.reactive",
     "EpisodeResult": "demoforge.stages.contract",
     "AttemptEnded": "demoforge.stages.records",
@@ -77,6 +79,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name i
         HoldsAction,
         Pose,
         Randomizes,
+        RandomizesVariants,
         RecordsObservation,
         SeedsAttempt,
         SegmentTask,
@@ -85,7 +88,14 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name i
         TracksPoses,
         task_capability,
     )
-    from demoforge.pipeline.reactive import Phase, PolicyExpert, ReactiveExpert, ReturnBranch, reactive_segments
+    from demoforge.pipeline.reactive import (
+        Phase,
+        PolicyExpert,
+        ReactiveExpert,
+        ReturnBranch,
+        ReturnBranchUnsupported,
+        reactive_segments,
+    )
     from demoforge.stages.records import AttemptEnded
     from demoforge.pipeline.tasks.registry import (
         CameraSpec,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from demoforge.pipeline.flags import control_message
 from demoforge.pipeline.job import (DEFAULT_MAX_CONSECUTIVE_ABANDONED, ENCODER_PRIORITY_CHOICES, JobConfigError, JobSpec,
                                     VideoSettings)
 from demoforge.pipeline.workers.config import ExecutorConfig, ExecutorError
@@ -163,9 +164,33 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
         path = Path(p).expanduser()
         return path if path.is_absolute() else base / path
 
-    job, video = raw.get("job", {}), raw.get("video", {})
+    job = raw.get("job", {})
     multiply = _multiply(raw["multiply"], job, resolve(_require(raw, "store", "dir")), resolve) \
         if "multiply" in raw else None
+    spec, unbounded = _job_spec(raw, multiply)
+    executor = _executor(job, raw.get("ray"))
+    export = raw.get("export", {})
+    host, port = _metrics_address(raw.get("metrics", {}).get("address", "127.0.0.1:9464"))
+    numbers = _numbers(raw)
+    return DaemonConfig(
+        spec=spec, store=resolve(_require(raw, "store", "dir")),
+        export_dir=resolve(export["dir"]) if "dir" in export else None,
+        export_every_episodes=int(numbers["export.every_episodes"]),
+        export_every_seconds=float(numbers["export.every_seconds"]), repo_id=export.get("repo_id"),
+        export_progress_timeout_seconds=float(numbers["export.progress_timeout_seconds"]),
+        prune_after_export=bool(export.get("prune", False)),
+        metrics_host=host or "127.0.0.1", metrics_port=port, min_free_mb=int(numbers["disk.min_free_mb"]),
+        disk_check_seconds=float(numbers["disk.check_seconds"]),
+        shutdown_deadline_seconds=float(numbers["shutdown.deadline_seconds"]),
+        json_logs=bool(raw.get("log", {}).get("json", False)), unbounded=unbounded, executor=executor,
+        multiply=multiply[0] if multiply else None)
+
+
+def _job_spec(raw: Mapping[str, Any], multiply: tuple[MultiplyJob, str, dict[str, Any]] | None
+              ) -> tuple[JobSpec, bool]:
+    """The ``[job]``, ``[video]`` and ``[control]`` tables as the job (a ``[multiply]`` job's task and options are
+    its wrapper's), and whether it runs unbounded; its task options and control checked against the task."""
+    job, video = raw.get("job", {}), raw.get("video", {})
     episodes = job.get("episodes", "unbounded")
     unbounded = episodes == "unbounded"
     if isinstance(episodes, str) and not unbounded:
@@ -196,16 +221,23 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
         spec.check_control(get_task(spec.task).info(spec.task_options))
     except JobConfigError as exc:
         raise DaemonConfigError(f"[control]: {exc}") from None
-    executor = _executor(job, raw.get("ray"))
-    export = raw.get("export", {})
-    metrics = raw.get("metrics", {}).get("address", "127.0.0.1:9464")
+    return spec, unbounded
+
+
+def _metrics_address(metrics: str) -> tuple[str, int | None]:
+    """``metrics.address``: (host, port), or no port for ``"off"``."""
     host, port = "127.0.0.1", None
     if metrics != "off":
         host, sep, port_text = metrics.rpartition(":")
         if not sep or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
             raise DaemonConfigError(f"metrics.address must be HOST:PORT or \"off\", got {metrics!r}")
         port = int(port_text)
-    disk = raw.get("disk", {})
+    return host, port
+
+
+def _numbers(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The export, disk and shutdown numbers, each checked positive (``disk.min_free_mb`` may be 0)."""
+    export, disk = raw.get("export", {}), raw.get("disk", {})
     numbers = {"export.every_episodes": export.get("every_episodes", 50),
                "export.every_seconds": export.get("every_seconds", 600.0),
                "export.progress_timeout_seconds": export.get("progress_timeout_seconds", 600.0),
@@ -215,19 +247,7 @@ def _build(raw: Mapping[str, Any], base: Path) -> DaemonConfig:
     for key, value in numbers.items():
         if value < 0 or (key != "disk.min_free_mb" and value == 0):
             raise DaemonConfigError(f"{key} must be positive, got {value!r}")
-
-    return DaemonConfig(
-        spec=spec, store=resolve(_require(raw, "store", "dir")),
-        export_dir=resolve(export["dir"]) if "dir" in export else None,
-        export_every_episodes=int(numbers["export.every_episodes"]),
-        export_every_seconds=float(numbers["export.every_seconds"]), repo_id=export.get("repo_id"),
-        export_progress_timeout_seconds=float(numbers["export.progress_timeout_seconds"]),
-        prune_after_export=bool(export.get("prune", False)),
-        metrics_host=host or "127.0.0.1", metrics_port=port, min_free_mb=int(numbers["disk.min_free_mb"]),
-        disk_check_seconds=float(numbers["disk.check_seconds"]),
-        shutdown_deadline_seconds=float(numbers["shutdown.deadline_seconds"]),
-        json_logs=bool(raw.get("log", {}).get("json", False)), unbounded=unbounded, executor=executor,
-        multiply=multiply[0] if multiply else None)
+    return numbers
 
 
 def _multiply(section: Mapping[str, Any], job: Mapping[str, Any], store: Path,
@@ -265,7 +285,7 @@ def _control(section: Mapping[str, Any] | None) -> ControlSpec | None:
                            driver=section.get("driver"), beta=float(section.get("beta", 0.0)),
                            takeover=parse_takeover(section["takeover"]) if "takeover" in section else None)
     except ControlError as exc:
-        raise DaemonConfigError(f"[control]: {exc}") from None
+        raise DaemonConfigError(f"[control]: {control_message(exc)}") from None
 
 
 def _executor(job: Mapping[str, Any], ray: Mapping[str, Any] | None) -> ExecutorConfig:

@@ -34,7 +34,7 @@ def committed_in(store: Path | None) -> int | None:
         from demoforge.storage.store import open_store
 
         with open_store(store) as view:
-            return len(view.catalog.committed())
+            return len(view.committed())
     except Exception:  # noqa: BLE001 - only an extra detail of the message
         return None
 

@@ -130,7 +130,7 @@ def _read(folder: Path, runner: JobRunner, spec: JobSpec, kept: str | None, elap
     names = tuple(runner.info.segment_names)
     rows: dict[int, EvalEpisode] = {}
     with open_store(folder) as view:
-        for row in view.catalog.attempts():
+        for row in view.attempts():
             record = row.record or {}
             if row.state in READABLE_STATES:
                 outcome = "success" if record.get("success") else str(record.get("terminal_reason"))

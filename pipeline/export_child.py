@@ -229,8 +229,6 @@ async def export_in_child(store: Path, out: Path, repo_id: str | None = None, *,
     env = {**os.environ, PARENT_ENV: str(os.getpid()), PROGRESS_FD_ENV: str(write_fd), STACKS_ENV: str(stacks)}
     pipe = subprocess.PIPE if capture_output else None  # None: this process's own streams
     watch = _Watch()
-    stalled: str | None = None
-    dumped = ""
     output: dict[str, bytes] = {"stdout": b"", "stderr": b""}
     try:
         process = await anyio.open_process(export_argv(store, out, repo_id, json_report=False),
@@ -244,25 +242,11 @@ async def export_in_child(store: Path, out: Path, repo_id: str | None = None, *,
         os.close(write_fd)  # the child holds the write end now: end of file when it exits
     try:
         async with process, anyio.create_task_group() as tg:
-            async def collect(name: str, stream: anyio.abc.ByteReceiveStream | None) -> None:
-                if stream is not None:
-                    async for chunk in stream:
-                        output[name] += chunk
-
-            tg.start_soon(collect, "stdout", process.stdout)
-            tg.start_soon(collect, "stderr", process.stderr)
+            tg.start_soon(_collect, output, "stdout", process.stdout)
+            tg.start_soon(_collect, output, "stderr", process.stderr)
             tg.start_soon(lambda: anyio.to_thread.run_sync(watch.read, read_fd, abandon_on_cancel=True))
-            while True:
-                with anyio.move_on_after(0.5):
-                    await process.wait()
-                    break
-                stalled = watch.overdue(progress_timeout_s, exit_grace_s)
-                if stalled is not None:
-                    if on_stalled is not None:
-                        on_stalled(stalled)
-                    dumped = await _end(process, stacks)
-                    await process.wait()
-                    break
+            stalled, dumped = await _wait_or_end(process, watch, stacks, progress_timeout_s, exit_grace_s,
+                                                 on_stalled)
     finally:
         with anyio.CancelScope(shield=True):
             if process.returncode is None:
@@ -276,3 +260,28 @@ async def export_in_child(store: Path, out: Path, repo_id: str | None = None, *,
     if watch.report is None and returncode == 0:
         error = f"the export reported no result: {_tail(stdout)!r}"
     return ExportOutcome(returncode, watch.report, error, stalled, stacks if stalled is not None else None, dumped)
+
+
+async def _collect(output: dict[str, bytes], name: str, stream: anyio.abc.ByteReceiveStream | None) -> None:
+    """What the child writes on one of its streams (None: they are this process's own)."""
+    if stream is not None:
+        async for chunk in stream:
+            output[name] += chunk
+
+
+async def _wait_or_end(process: anyio.abc.Process, watch: _Watch, stacks: Path, progress_timeout_s: float,
+                       exit_grace_s: float, on_stalled: Callable[[str], None] | None) -> tuple[str | None, str]:
+    """Wait for the child, ending it once it stops making progress: (why it was ended, the stacks it dumped)."""
+    import anyio
+
+    while True:
+        with anyio.move_on_after(0.5):
+            await process.wait()
+            return None, ""
+        stalled = watch.overdue(progress_timeout_s, exit_grace_s)
+        if stalled is not None:
+            if on_stalled is not None:
+                on_stalled(stalled)
+            dumped = await _end(process, stacks)
+            await process.wait()
+            return stalled, dumped

@@ -85,7 +85,9 @@ class JobSpec:
         try:
             check_control(self.control, tuple(info.action_shape))
         except ControlError as exc:
-            raise JobConfigError(str(exc)) from None
+            from demoforge.pipeline.flags import control_message  # the CLI's words for the stages' facts
+
+            raise JobConfigError(control_message(exc)) from None
         if not info.labels_any_state:
             what = "--driver" if self.control.driver else "--noise"
             raise JobConfigError(f"{what}: the expert of task {info.name!r} cannot label states it did not choose (it "

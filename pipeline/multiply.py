@@ -53,7 +53,8 @@ from demoforge.pipeline.multiply_plan import (
 )
 from demoforge.pipeline.tasks.registry import TaskEntry, TaskInfo, TaskOptionError, get_task
 from demoforge.stages.contract import LEGACY_SEGMENT_NAME, Segment, TaskError
-from demoforge.stages.task_protocol import Pose, TaskPoses, TracksPoses, iter_segments, task_capability
+from demoforge.stages.segment_cursor import SegmentCursor
+from demoforge.stages.task_protocol import Pose, TaskPoses, TracksPoses, task_capability
 
 #: The wrapper task's name: a ``module:factory`` spec, which every process resolves by importing this module.
 TASK = "demoforge.pipeline.multiply:ENTRY"
@@ -164,10 +165,10 @@ class MultipliedTask(gym.Wrapper):
             raise TaskError(f"task {self.task!r} does not report poses (TracksPoses): it cannot be multiplied",
                             task=TASK)
         rng = np.random.default_rng([self._seed, _SALT])
-        inner = iter_segments(self.env, self.task) if poses.follows_plan else None
+        inner = SegmentCursor(self.env, self.task) if poses.follows_plan else None
         hold: float | None = None
         for position, name in enumerate(source.sequence):
-            planned = next(inner, None) if inner is not None else None
+            planned = inner.plan_next() if inner is not None else None
             if inner is not None and (planned is None or planned.name != name):
                 raise TaskError(f"the task plans segment {planned.name if planned else None!r} where the source "
                                 f"has {name!r}", task=TASK, segment=name)

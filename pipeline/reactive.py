@@ -12,7 +12,9 @@ env terminates (success) or truncates, as for any task.
 
 :class:`ReturnBranch` reads "which branch" from an expert's own code without changing it: the ordinal of the
 ``return`` statement a function last executed in this thread (Python 3.12's ``sys.monitoring``, local
-``PY_RETURN`` events on that function's code only, so nothing else is slowed down).
+``PY_RETURN`` events on that function's code only, so nothing else is slowed down). It reads the function's
+bytecode (which instructions return), which changes between CPython versions: elsewhere than on the versions it
+is tested on (:data:`RETURN_BRANCH_PYTHONS`) it refuses with :class:`ReturnBranchUnsupported`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,29 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from demoforge.stages.contract import Segment, TaskProtocolError
+
+#: The CPython versions whose return instructions :class:`ReturnBranch` knows (``RETURN_VALUE``, ``RETURN_CONST``).
+RETURN_BRANCH_PYTHONS: tuple[tuple[int, int], ...] = ((3, 12),)
+
+
+class ReturnBranchUnsupported(RuntimeError):
+    """:class:`ReturnBranch` cannot run on this Python: it reads CPython bytecode of the versions it is tested on."""
+
+    def __init__(self, implementation: str, version: tuple[int, int]) -> None:
+        self.implementation, self.version = implementation, version
+        tested = ", ".join(f"{major}.{minor}" for major, minor in RETURN_BRANCH_PYTHONS)
+        super().__init__(f"ReturnBranch reads CPython {tested} bytecode; this is {implementation} "
+                         f"{version[0]}.{version[1]}: cut the expert's segments with a phase function instead "
+                         "(PolicyExpert)")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses processes with its facts
+        return type(self), (self.implementation, self.version)
+
+
+def _check_python() -> None:
+    version = (sys.version_info.major, sys.version_info.minor)
+    if sys.implementation.name != "cpython" or version not in RETURN_BRANCH_PYTHONS:
+        raise ReturnBranchUnsupported(sys.implementation.name, version)
 
 
 @dataclass(frozen=True)
@@ -165,10 +190,11 @@ class ReturnBranch:
     (0 for the first ``return`` in the function's text).
 
     ``clear()`` before calling the expert, ``last()`` after: None when the function did not return since (it
-    was not called, or it raised).
+    was not called, or it raised). Raises :class:`ReturnBranchUnsupported` on a Python it is not tested on.
     """
 
     def __init__(self, function: Callable[..., Any]) -> None:
+        _check_python()
         code = getattr(function, "__code__", None)
         if not isinstance(code, types.CodeType):
             raise TypeError(f"{function!r} has no Python code to watch")

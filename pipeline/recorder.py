@@ -275,10 +275,10 @@ class Recorder:
         self._segments: list[tuple[str, int, str | None, str | None]] = []
         self._unpublished = 0
         self.saved = 0  # episodes this recorder saved
-        committed = store.catalog.committed()
+        committed = store.committed()
         self._next_index = max((r.episode_index for r in committed if not r.kept_failure), default=-1) + 1
         # attempts a crash or a discard already spent on that index (their rows stay, discarded)
-        self._attempt = sum(1 for r in store.catalog.attempts() if r.episode_index == self._next_index)
+        self._attempt = sum(1 for r in store.attempts() if r.episode_index == self._next_index)
         self._portal_cm = anyio.from_thread.start_blocking_portal()
         self._portal = self._portal_cm.__enter__()
         self._send: MemoryObjectSendStream[Record] | None = None
@@ -330,7 +330,7 @@ class Recorder:
             raise RecorderError(str(exc)) from None
         recorder = cls(root, store, parsed, fingerprint, settings, publish, repo_id or f"demoforge/{root.name}",
                        queue_frames)
-        if not store.created and store.catalog.committed():
+        if not store.created and store.committed():
             recorder.publish()  # a run killed between a commit and its publish: the dataset catches up
         return recorder
 

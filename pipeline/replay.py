@@ -1,7 +1,7 @@
 """Replay: re-simulate recorded episodes from their seeds and actions and compare every recorded frame.
 
 For one episode: build the task's env with the job's options, reset it with the recorded seed and step the
-recorded actions. The task's plan is advanced alongside through the executor's own ``SegmentCursor``
+recorded actions. The task's plan is advanced alongside by the executor's own ``SegmentCursor.advance``
 (stages/segment_cursor.py: segments planned at the same steps, their action generators consumed in lockstep,
 validators run at segment ends),
 because planning may change the env (fetch-pick-place draws each cycle's goal from the env's seeded
@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from demoforge.stages.actions import check_action
-from demoforge.stages.contract import StepView, as_bool_verdict
+from demoforge.stages.contract import RecordedObservation, Segment, StepView
 from demoforge.stages.task_protocol import (
-    ChecksSuccess,
     GivesInstruction,
-    Randomizes,
-    RecordsObservation,
+    draw_randomization,
+    recorder_of,
+    success_check,
     task_capability,
 )
 from demoforge.stages.control import EXECUTED_ACTION, INTERVENTION
@@ -200,8 +200,8 @@ def difference(name: str, recorded: Any, replayed: Any, tol: Tolerance) -> str |
 
 
 class _Plan:
-    """The task's plan, walked as the executor walks it (the same :class:`SegmentCursor`); any failure of the
-    task's code only stops it being followed."""
+    """The task's plan, walked as the executor walks it (the same :meth:`SegmentCursor.advance`), its segments
+    ended where the recording ended them; any failure of the task's code only stops it being followed."""
 
     def __init__(self, env: Any, task: str) -> None:
         self.cursor = SegmentCursor(env, task, self._guard)
@@ -210,7 +210,7 @@ class _Plan:
         self.first_difference: str | None = None  # where the expert first disagrees with the recording
 
     @property
-    def segment(self) -> Any:
+    def segment(self) -> Segment | None:
         return self.cursor.segment
 
     def _guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -222,20 +222,24 @@ class _Plan:
             self.broken = f"{what} raised {type(exc).__name__}: {exc}"
             return None
 
-    def start(self) -> None:
-        self.cursor.start()
-        self.next_action()
-
-    def next_segment(self) -> None:
-        self.cursor.next_segment()
-        self.next_action()
-
-    def next_action(self) -> None:
-        raw = self.cursor.next_action()
+    def _planned(self) -> None:
+        raw = self.cursor.action
         self.planned = None if raw is END or raw is None else np.asarray(raw, dtype=np.float32)
 
-    def validate(self, view: Any) -> None:
-        self.cursor.validate(view)
+    def begin(self) -> None:
+        self.cursor.begin()
+        self._planned()
+
+    def advance(self, view: StepView, frame: int, ends: bool) -> None:
+        """After the step that recorded ``frame - 1``: the expert's next action, or (``ends``: the recorded
+        segment ended there) the end of its segment, which should have run out of actions too, and its next."""
+
+        def ended(_accepted: bool) -> None:
+            self._planned()
+            self.note_segment(frame, True, None)
+
+        self.cursor.advance(view, ends=ends, on_end=ended, stop_if_rejected=False)
+        self._planned()
 
     def note_action(self, frame: int, recorded: np.ndarray) -> None:
         if self.planned is None:
@@ -259,18 +263,6 @@ class _Plan:
     def note(self, message: str) -> None:
         if self.first_difference is None and not self.broken:
             self.first_difference = message
-
-
-def _default_record(observation: Any) -> Any:
-    from demoforge.stages.executor import default_record
-
-    return default_record(observation)
-
-
-def _default_success(info: Mapping[str, Any]) -> bool | None:
-    from demoforge.stages.executor import default_success
-
-    return default_success(info)
 
 
 class EpisodeReplay:
@@ -300,7 +292,7 @@ class EpisodeReplay:
         self.videos: dict[str, list[np.ndarray]] = {}
 
     # -- per-frame checks
-    def _observe(self, frame: int, recorder: Callable[[Any], Any], observation: Any) -> None:
+    def _observe(self, frame: int, recorder: Callable[[Any], RecordedObservation], observation: Any) -> None:
         rec = recorder(observation)
         # What a controlled job recorded beside the observation (the executed action, the takeover flag) is
         # no observation: it is what replay steps, not what it compares.
@@ -404,9 +396,7 @@ class EpisodeReplay:
     # -- the run
     def run(self) -> tuple[Divergence | None, int, str | None]:
         env, task = self.env, self.ep.ref.task
-        record_task, judge = task_capability(env, RecordsObservation), task_capability(env, ChecksSuccess)
-        recorder: Callable[[Any], Any] = record_task.demo_record if record_task is not None else _default_record
-        success_fn = judge.demo_success if judge is not None else None
+        recorder, success = recorder_of(env), success_check(env)
         plan = _Plan(env, task)
         drawn_miss = self._redraw(env)
         if drawn_miss is not None:
@@ -416,7 +406,7 @@ class EpisodeReplay:
         if instructor is not None:
             instructor.demo_instruction()
         self._observe(0, recorder, observation)
-        plan.start()
+        plan.begin()
         plan.note_segment(0, False, self._segment_name(0))
         ended_early: tuple[int, str] | None = None
         success_miss: _Miss | None = None
@@ -438,24 +428,18 @@ class EpisodeReplay:
             view = StepView(observation, float(reward), bool(terminated), bool(truncated), info)
             if last:
                 if not terminated:  # as the executor: the plan runs out, the last validator runs, then success
-                    plan.next_action()
-                    plan.note_segment(self.n, True, None)
-                    plan.validate(view)
-                    plan.next_segment()
+                    plan.advance(view, self.n, ends=True)
                     if plan.segment is not None:
                         plan.note(f"the expert plans another segment ({plan.segment.name!r}) after the last frame")
-                success_miss = self._check_success(success_fn, view)
+                success_miss = self._check_success(success, view)
                 break
-            # Mirror the executor: advance the plan, then record the observation of the next frame.
-            if self.ep.annotations[t, end_col] and self.ep.annotations[t + 1, segment_col] != \
-                    self.ep.annotations[t, segment_col]:
-                plan.next_action()  # the recorded segment ended: its generator should be exhausted
-                plan.note_segment(t + 1, True, None)
-                plan.validate(view)
-                plan.next_segment()
+            # As the executor: advance the plan (its segment ending where the recorded one ended), then record
+            # the observation of the next frame.
+            ends = bool(self.ep.annotations[t, end_col]) and \
+                self.ep.annotations[t + 1, segment_col] != self.ep.annotations[t, segment_col]
+            plan.advance(view, t + 1, ends=ends)
+            if ends:
                 plan.note_segment(t + 1, False, self._segment_name(t + 1))
-            else:
-                plan.next_action()
             self._observe(t + 1, recorder, observation)
         return self._first_divergence(ended_early, success_miss), self._mismatched(), self._expert_note(plan)
 
@@ -463,11 +447,8 @@ class EpisodeReplay:
         """Draw the episode's randomized scene again from its seed (before the reset, as generation did) and
         check it is the one the episode recorded."""
         recorded = self.ep.record.get("randomization")
-        # A task whose appearance rerender draws in variants takes the variant too (not part of Randomizes).
-        randomizer: Any = task_capability(env, Randomizes)
         variant = int((recorded or {}).get("variant", 0))  # a rerender's appearance variant
-        drawn = None if randomizer is None else randomizer.demo_randomize(self.ep.ref.seed, variant) if variant \
-            else randomizer.demo_randomize(self.ep.ref.seed)
+        drawn = draw_randomization(env, self.ep.ref.seed, variant)
         if drawn == recorded:
             return None
         detail = ("the task draws no randomization, the episode recorded one" if drawn is None else
@@ -476,14 +457,12 @@ class EpisodeReplay:
                   + ", ".join(k for k in sorted(set(drawn) | set(recorded)) if drawn.get(k) != recorded.get(k)))
         return _Miss("randomization", "randomization", None, None, None, None, detail)
 
-    def _check_success(self, success_fn: Callable[..., Any] | None, view: Any) -> _Miss | None:
+    def _check_success(self, success: Callable[[Any, Mapping[str, Any]], bool | None],
+                       view: StepView) -> _Miss | None:
         recorded = bool(self.ep.record.get("success", True))
         try:
-            if success_fn is not None:
-                replayed = as_bool_verdict(success_fn(view.observation, view.info), "demo_success")
-            else:
-                verdict = _default_success(view.info)
-                replayed = True if verdict is None else verdict
+            verdict = success(view.observation, view.info)
+            replayed = True if verdict is None else verdict
         except Exception as exc:  # the task's check failing on a diverged state
             return _Miss("success", "success", None, None, float(recorded), None,
                          f"the success check raised {type(exc).__name__}: {exc}")

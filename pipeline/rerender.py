@@ -15,7 +15,7 @@ Only appearance may change: a task declares which of its options only change ren
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,8 @@ from demoforge.pipeline.rerender_spec import RerenderSpec
 from demoforge.pipeline.tasks.randomization import APPEARANCE_AXES, RANDOMIZE, RANGES, parse_axes
 from demoforge.pipeline.tasks.registry import TaskEntry, get_task
 from demoforge.stages.contract import ObservationError, RecordedObservation, Segment
-from demoforge.stages.task_protocol import Randomizes, RecordsObservation, iter_segments, task_capability
-from demoforge.stages.executor import default_record
+from demoforge.stages.segment_cursor import SegmentCursor
+from demoforge.stages.task_protocol import draw_randomization, recorder_of
 
 
 class RerenderInputError(ValueError):
@@ -77,8 +77,7 @@ class RerenderedEpisodes(gym.Wrapper):
         return int(self._episode.ref.seed)
 
     def demo_randomize(self, seed: int) -> Mapping[str, Any] | None:
-        inner: Any = task_capability(self.env, Randomizes)  # a task drawing appearance variants takes one more
-        drawn = inner.demo_randomize(seed, self._variant) if inner is not None else None
+        drawn = draw_randomization(self.env, seed, self._variant)
         recorded = self._episode.record.get("randomization") or {}
         for axis in set(drawn or {}) | set(recorded):
             if axis in APPEARANCE_AXES or axis in ("axes", "variant"):
@@ -108,20 +107,19 @@ class RerenderedEpisodes(gym.Wrapper):
         planner may change the env as it plans (fetch places each cycle's goal), and its validators judge each
         segment as they did when it was recorded."""
         ep = self._episode
-        planned_segments = iter_segments(self.env, "?")
+        plan = SegmentCursor(self.env, "?")
         for seg in ep.record.get("segments", []):
-            planned = next(planned_segments, None)
+            planned = plan.plan_next()
             if planned is None or planned.name != seg["name"]:
                 raise ObservationError(f"the task plans {planned.name if planned else 'no more'!r} where the source "
                                        f"recorded segment {seg['name']!r}: the re-simulation diverged")
             start, end = int(seg["start_step"]), int(seg["end_step"])
-            yield Segment(actions=_in_step(planned.actions, ep.action[start:end]), name=str(seg["name"]),
+            yield Segment(actions=_in_step(plan, ep.action[start:end]), name=str(seg["name"]),
                           target=seg.get("target"), instruction=seg.get("instruction"),
                           metadata=dict(seg.get("metadata") or {}), validator=planned.validator)
 
     def demo_record(self, observation: Any) -> RecordedObservation:
-        inner = task_capability(self.env, RecordsObservation)
-        replayed = inner.demo_record(observation) if inner is not None else default_record(observation)
+        replayed = recorder_of(self.env)(observation)
         ep, t = self._episode, self._frame
         state: dict[str, np.ndarray] = {}
         for name, values in ep.state.items():
@@ -139,13 +137,12 @@ class RerenderedEpisodes(gym.Wrapper):
     def demo_instruction(self) -> str | None:
         return self._episode.record.get("instruction")
 
-def _in_step(planned: Iterable[Any], recorded: np.ndarray) -> Iterator[np.ndarray]:
+def _in_step(plan: SegmentCursor, recorded: np.ndarray) -> Iterator[np.ndarray]:
     """The recorded actions, each after the planner computed its own for the same state (its side effects)."""
-    actions = iter(planned)
     for action in recorded:
-        next(actions, None)
+        plan.next_action()
         yield action
-    next(actions, None)  # asked once more, as the executor asks: a reactive expert notices its phase ended
+    plan.next_action()  # asked once more, as the executor asks: a reactive expert notices its phase ended
 
 
 def build_job_env(entry: TaskEntry, options: Mapping[str, Any], rerender: RerenderSpec | None) -> gym.Env:
@@ -173,12 +170,31 @@ def plan_rerender(source: Path, overrides: Mapping[str, Any], variants: int) -> 
     """Read what ``source`` recorded and check that ``overrides`` change only appearance; raises
     :class:`RerenderInputError` naming what cannot be done."""
     from demoforge.pipeline.tasks.registry import TaskOptionError, UnknownTaskError
-    from demoforge.storage.episode_source import EpisodeSourceError, open_episode_source
 
     try:
         spec = RerenderSpec(str(Path(source).resolve()), variants)
     except ValueError as exc:
         raise RerenderInputError(str(exc)) from None
+    refs, headers = _read_source(source)
+    task, recorded = _one_job(source, refs, headers)
+    try:
+        entry = get_task(task)
+    except UnknownTaskError as exc:
+        raise RerenderInputError(f"cannot rebuild task {task!r}: {exc}") from None
+    if _suite(entry, recorded):
+        raise RerenderInputError(f"{task!r} is a suite: rerender one member task at a time")
+    options = _appearance_options(entry, task, recorded, overrides, variants)
+    try:
+        entry.info(options)
+    except (TaskOptionError, ValueError) as exc:
+        raise RerenderInputError(f"{task!r} cannot be built with {dict(options)}: {exc}") from None
+    return RerenderPlan(task=task, options=options, sources=len(refs), spec=spec)
+
+
+def _read_source(source: Path) -> tuple[list[Any], list[Any]]:
+    """The source's committed episodes and each one's header (record, task options)."""
+    from demoforge.storage.episode_source import EpisodeSourceError, open_episode_source
+
     try:
         opened = open_episode_source(source)
     except EpisodeSourceError as exc:
@@ -187,11 +203,16 @@ def plan_rerender(source: Path, overrides: Mapping[str, Any], variants: int) -> 
         refs = opened.episodes()
         if not refs:
             raise RerenderInputError(f"{source} has no committed episodes to rerender")
-        headers = [opened.header(ref) for ref in refs]
+        return refs, [opened.header(ref) for ref in refs]
     except EpisodeSourceError as exc:
         raise RerenderInputError(str(exc)) from None
     finally:
         opened.close()
+
+
+def _one_job(source: Path, refs: list[Any], headers: list[Any]) -> tuple[str, dict[str, Any]]:
+    """The one job the source's episodes come from (task, recorded options), refused unless they are one job's
+    expert-driven episodes, recorded with the simulation libraries installed here."""
     jobs = {(ref.task, _key(options)) for ref, (_, options) in zip(refs, headers)}
     if len(jobs) > 1:
         raise RerenderInputError(f"{source} holds episodes of {len(jobs)} different tasks or option sets: rerender "
@@ -213,12 +234,12 @@ def plan_rerender(source: Path, overrides: Mapping[str, Any], variants: int) -> 
     if differences:
         raise RerenderInputError(f"{source} was recorded with other library versions ({'; '.join(differences)}): "
                                  "a re-simulation could diverge; rerender where those versions are installed")
-    try:
-        entry = get_task(task)
-    except UnknownTaskError as exc:
-        raise RerenderInputError(f"cannot rebuild task {task!r}: {exc}") from None
-    if _suite(entry, recorded):
-        raise RerenderInputError(f"{task!r} is a suite: rerender one member task at a time")
+    return str(task), dict(recorded)
+
+
+def _appearance_options(entry: TaskEntry, task: str, recorded: Mapping[str, Any], overrides: Mapping[str, Any],
+                        variants: int) -> dict[str, Any]:
+    """The recorded options with ``overrides`` applied, refused unless they change appearance only."""
     changed = [k for k, v in overrides.items() if k != RANDOMIZE and recorded.get(k, entry.all_defaults.get(k)) != v]
     physical = [k for k in changed if not _appearance(entry, k)]
     if physical:
@@ -240,11 +261,7 @@ def plan_rerender(source: Path, overrides: Mapping[str, Any], variants: int) -> 
         options[RANDOMIZE] = ",".join(dict.fromkeys(before + added))
     if variants > 1 and not (set(parse_axes(str(options.get(RANDOMIZE, "")))) & APPEARANCE_AXES):
         raise RerenderInputError("--variants needs an appearance axis to vary (--randomize lighting,colors,camera)")
-    try:
-        entry.info(options)
-    except (TaskOptionError, ValueError) as exc:
-        raise RerenderInputError(f"{task!r} cannot be built with {dict(options)}: {exc}") from None
-    return RerenderPlan(task=task, options=options, sources=len(refs), spec=spec)
+    return options
 
 
 def check_rerender_output(source: Path, out: Path, store: Path) -> None:
@@ -275,7 +292,7 @@ def check_rerender_output(source: Path, out: Path, store: Path) -> None:
     mine: str | None = None
     try:
         with open_store(store) as view:
-            mine = view.catalog.store_id()
+            mine = view.store_id()
     except StoreError:
         pass
     if mine is None or owners != {mine}:

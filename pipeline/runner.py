@@ -27,19 +27,19 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from demoforge.pipeline.environment import prepare_process
+from demoforge.pipeline.flags import control_message
 from demoforge.storage.faults import stage_delays
 from demoforge.pipeline.job import JobSpec
-from demoforge.pipeline.rerender import build_job_env
 from demoforge.pipeline.tasks.registry import TaskInfo, get_task
 from demoforge.pipeline.workers.config import ExecutorConfig
-from demoforge.pipeline.workers.driver import RemoteExecutor, WorkerCount
+from demoforge.pipeline.workers.driver import WorkerCount
+from demoforge.pipeline.workers.executors import JobExecutor, open_executor
 from demoforge.stages.commit import commit_stage
 from demoforge.stages.context import BusyMeter, StageContext
 from demoforge.stages.control import ControlError, Policy, check_segments
 from demoforge.stages.plan import EpisodePlanner, RunawayStop
 from demoforge.stages.records import EncodedRecord, EpisodeAssignment, StagedAttempt, StagedRecord
-from demoforge.stages.settings import JobConfigError, encoder_placement
-from demoforge.stages.step import StepSettings, step_stage
+from demoforge.stages.settings import JobConfigError
 from demoforge.stages.write import write_stage
 from demoforge.storage.recovery import RecoveryReport
 from demoforge.storage.store import Store, open_store
@@ -170,63 +170,28 @@ class JobRunner:
             anyio.from_thread.run_sync(fn, planner, token=self._token)
 
     async def run(self, handle_signals: bool = False) -> JobReport:
-        if not self.executor.remote:
-            return await self._run(None, handle_signals)
-        # Workers first: a bad address or task fails before the store is touched. The job runs once one
+        # Workers first: a bad address or task fails before the store is touched. A remote job runs once one
         # worker is ready; the others join as the cluster places them.
-        remote = RemoteExecutor(self.executor, self.spec, self.info, self.on_event, self._on_workers)
-        async with remote.started():
-            return await self._run(remote, handle_signals)
+        executor = open_executor(self.executor, self.spec, self.info, store_dir=self.store_dir,
+                                 make_policy=self.make_policy, on_event=self.on_event, on_workers=self._on_workers)
+        async with executor.started():
+            return await self._run(executor, handle_signals)
 
     def _on_workers(self, count: WorkerCount) -> None:
         self.stats.workers = count
 
-    async def _run(self, remote: RemoteExecutor | None, handle_signals: bool) -> JobReport:
-        spec, info = self.spec, self.info
+    async def _run(self, executor: JobExecutor, handle_signals: bool) -> JobReport:
         context = StageContext(stop=self._stop, busy=self.stats.busy, delays=stage_delays())
         store = await anyio.to_thread.run_sync(functools.partial(open_store, self.store_dir, "w",
-                                                                   fingerprint=spec.fingerprint(info)))
+                                                                   fingerprint=self.spec.fingerprint(self.info)))
         try:
-            resume = store.catalog.resume_state()
-            planner = self._planner = EpisodePlanner(
-                spec.episodes, resume, spec.max_attempts, spec.max_consecutive_abandoned, self.layout,
-                index_limit=spec.episodes if self.fixed_episodes else None)
-            self._token = anyio.lowlevel.current_token()
-            self._loop_thread = threading.get_ident()
-            stats = self.stats
-            stats.committed_before = len(resume.committed)
-            stats.failures_kept_before = store.catalog.kept_failure_count()
-            members = info.suite
-            if members:
-                stats.per_task_target = spec.episodes
-                stats.per_task.update({m: 0 for m in members})
-                stats.per_task.update(members[self.layout.group(i)] for i in resume.committed)
-            q = spec.queue_frames
+            planner = self._resume(store)
+            q = self.spec.queue_frames
             assign_send, assign_recv = anyio.create_memory_object_stream[EpisodeAssignment](0)
             enc_send, enc_recv = anyio.create_memory_object_stream[EncodedRecord](q)
             write_send, write_recv = anyio.create_memory_object_stream[StagedRecord](q)
-            stats.queues = {"encode->write": enc_send, "write->commit": write_send}
-
-            def on_outcome(item: StagedAttempt) -> None:
-                result = item.ended.result
-                if result.committable:
-                    stats.committed += 1
-                    stats.frames += item.ended.frames
-                    if members:
-                        stats.per_task[result.task] += 1
-                elif result.kept:
-                    stats.failures_kept[result.terminal_reason.value] += 1
-                else:
-                    stats.discarded[result.terminal_reason.value] += 1
-                stats.attempts += 1
-                if remote is not None:
-                    remote.attempt_outcome(item)  # a lost worker's attempt is re-run once its discard is done
-                stats.last_commit_at = time.time() if result.committable else stats.last_commit_at
-                if self.on_outcome is not None:
-                    self.on_outcome(item)
-                if self.on_progress is not None:
-                    self.on_progress(stats)
-
+            self.stats.queues = {"encode->write": enc_send, "write->commit": write_send}
+            on_outcome = functools.partial(self._count_outcome, executor)
             async with anyio.create_task_group() as tg:
                 if handle_signals:
                     tg.start_soon(self._watch_signals, tg)
@@ -235,23 +200,7 @@ class JobRunner:
                 else:
                     tg.start_soon(planner.run, assign_send)
                 # Workers step, render and encode: remote ones send pieces, env threads batches of records.
-                if remote is not None:
-                    tg.start_soon(remote.run, assign_recv, enc_send, self._stop)
-                else:
-                    async with assign_recv, enc_send:
-                        apart, idle = encoder_placement(spec.encoder_process, spec.encoder_idle, info.cameras)
-                        step = StepSettings(task=spec.task, job_seed=spec.seed, max_attempts=spec.max_attempts,
-                                            cameras=info.cameras, fps=info.fps, video=spec.video,
-                                            stats_dir=self.store_dir,
-                                            encoder_process=apart, encoder_idle=idle,
-                                            num_envs=spec.num_envs, step_timeout_s=spec.step_timeout_s,
-                                            send_batch=max(1, q // 4),
-                                            control=spec.control, make_policy=self.make_policy,
-                                            keep_failures=spec.keep_failures)
-                        make_env = functools.partial(build_job_env, self.entry, spec.task_options, spec.rerender)
-                        for worker in range(spec.workers):
-                            tg.start_soon(step_stage, worker, make_env, step, assign_recv.clone(), enc_send.clone(),
-                                          context)
+                executor.start(tg, assign_recv, enc_send, context)
                 tg.start_soon(functools.partial(write_stage, enc_recv, write_send, store=store, context=context))
                 await commit_stage(write_recv, store=store, planner=planner,
                                    on_outcome=on_outcome, context=context)
@@ -264,6 +213,44 @@ class JobRunner:
         finally:
             self._planner = None
             await anyio.to_thread.run_sync(store.close)
+
+    def _resume(self, store: Store) -> EpisodePlanner:
+        """The planner of this run, from what the store holds already (the counters start from it too)."""
+        spec, stats, members = self.spec, self.stats, self.info.suite
+        resume = store.resume_state()
+        planner = self._planner = EpisodePlanner(
+            spec.episodes, resume, spec.max_attempts, spec.max_consecutive_abandoned, self.layout,
+            index_limit=spec.episodes if self.fixed_episodes else None)
+        self._token = anyio.lowlevel.current_token()
+        self._loop_thread = threading.get_ident()
+        stats.committed_before = len(resume.committed)
+        stats.failures_kept_before = store.kept_failure_count()
+        if members:
+            stats.per_task_target = spec.episodes
+            stats.per_task.update({m: 0 for m in members})
+            stats.per_task.update(members[self.layout.group(i)] for i in resume.committed)
+        return planner
+
+    def _count_outcome(self, executor: JobExecutor, item: StagedAttempt) -> None:
+        """The commit stage is done with an attempt: count it, tell the executor, report progress."""
+        stats = self.stats
+        result = item.ended.result
+        if result.committable:
+            stats.committed += 1
+            stats.frames += item.ended.frames
+            if self.info.suite:
+                stats.per_task[result.task] += 1
+        elif result.kept:
+            stats.failures_kept[result.terminal_reason.value] += 1
+        else:
+            stats.discarded[result.terminal_reason.value] += 1
+        stats.attempts += 1
+        executor.attempt_outcome(item)  # a lost remote worker's attempt is re-run once its discard is done
+        stats.last_commit_at = time.time() if result.committable else stats.last_commit_at
+        if self.on_outcome is not None:
+            self.on_outcome(item)
+        if self.on_progress is not None:
+            self.on_progress(stats)
 
     def _report(self, store: Store, planner: EpisodePlanner) -> JobReport:
         stats = self.stats
@@ -299,7 +286,7 @@ def _check_policy_control(spec: JobSpec, info: TaskInfo) -> Callable[[], Policy]
     try:
         check_segments(control, info.segment_names, info.name)
     except ControlError as exc:
-        raise JobConfigError(str(exc)) from None
+        raise JobConfigError(control_message(exc)) from None
     if control.driver is None:
         return None
     timeout, watchdog = control.policy_timeout_s, spec.step_timeout_s

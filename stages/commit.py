@@ -20,7 +20,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from demoforge.stages.context import StageContext
 from demoforge.stages.contract import EpisodeResult
 from demoforge.stages.records import EpisodeAbandoned, StagedAttempt, StagedRecord
-from demoforge.storage.faults import window_pause
 from demoforge.storage.provenance import library_versions
 from demoforge.storage.store import Store
 
@@ -38,7 +37,6 @@ async def commit_stage(receive: MemoryObjectReceiveStream[StagedRecord], *, stor
                        on_outcome: Callable[[StagedAttempt], None] | None = None,
                        context: StageContext | None = None) -> None:
     context = context or StageContext()
-    delay_s = context.delay("commit")
     async with receive:
         async for item in receive:
             if isinstance(item, EpisodeAbandoned):
@@ -51,12 +49,10 @@ async def commit_stage(receive: MemoryObjectReceiveStream[StagedRecord], *, stor
             mark = time.perf_counter()
             episode_id = ended.key.episode_id
             if result.keeps_data:
-                # Tests stretch the window between the fsync and the flip (a kill lands inside it).
-                pause = window_pause(delay_s, episode_id) if delay_s else None
                 await anyio.to_thread.run_sync(functools.partial(
                     store.commit_attempt, episode_id, frames=ended.frames, video_bytes=item.video_bytes,
                     content_hash=item.content_hash or "", record={**result.to_record(), "versions": library_versions()},
-                    kept_failure=result.kept, before_flip=pause))
+                    kept_failure=result.kept))
                 if result.committable:
                     planner.finished(ended.key.episode_index, committed=True)
                 else:  # a failure kept as data: its slot is retried (the executor starts the next attempt)

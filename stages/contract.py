@@ -25,7 +25,11 @@ Optional task methods (all looked up the same way):
   of the one derived from the job seed; a task that plays recorded episodes back (rerender) keeps theirs.
 - ``demo_randomize(seed) -> Mapping | None``: called before each attempt's reset (after
   ``demo_select_episode``) with the attempt's seed; redraws the scene (``pipeline/tasks/randomization.py``)
-  and returns the drawn values, which the episode records (JSON-safe).
+  and returns the drawn values, which the episode records (JSON-safe). A task that also draws appearance
+  variants of a seed's scene takes ``demo_randomize(seed, variant)`` (variant 0: the seed's own scene), which a
+  rerender with several variants and replay of its episodes call.
+- ``demo_poses() -> TaskPoses | None``: the robot's and the objects' poses, and target poses as actions, which
+  ``demoforge multiply`` reads and commands (None: not for this configuration of the task).
 
 A reactive expert (observation -> action) becomes segments through ``pipeline/reactive.py``.
 """

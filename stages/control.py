@@ -22,11 +22,12 @@ that names ``--driver``; a huge action is clipped to the action space's bounds, 
 
 from __future__ import annotations
 
+import enum
 import math
 import queue
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,8 +45,34 @@ NOISE_SALT, POLICY_SALT = 0x4E015E, 0xBE7A  # separate generators for noise and 
 DEFAULT_POLICY_TIMEOUT_S = 30.0
 
 
+class ControlOption(enum.Enum):
+    """A control option, as :class:`ControlError` names it (a command line words it as its flag)."""
+
+    NOISE = "noise"
+    DRIVER = "driver"
+    BETA = "beta"
+    TAKEOVER = "takeover"
+    POLICY_TIMEOUT = "policy timeout"
+
+
 class ControlError(ValueError):
-    """A control option (noise, driver, beta, takeover) is malformed; the message names it."""
+    """A control option is malformed or cannot apply: ``option``, the ``value`` given (as text; None when the
+    problem is not about one value) and the ``problem``, whose parts may name other options. :meth:`worded`
+    names the options as the caller's user knows them (the CLI: its flags); ``str()`` by their plain names."""
+
+    def __init__(self, option: ControlOption, value: str | None, *problem: str | ControlOption) -> None:
+        self.option, self.value, self.problem = option, value, problem
+        super().__init__(self.worded())
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses processes with its facts
+        return type(self), (self.option, self.value, *self.problem)
+
+    def worded(self, names: Mapping[ControlOption, str] | None = None) -> str:
+        def name(option: ControlOption) -> str:
+            return option.value if names is None else names[option]
+
+        text = "".join(name(part) if isinstance(part, ControlOption) else part for part in self.problem)
+        return text if self.value is None else f"{name(self.option)} {self.value}: {text}"
 
 
 class PolicyError(DemoError, RuntimeError):
@@ -126,11 +153,11 @@ def parse_noise(text: str) -> NoiseSpec:
     """``gaussian:SCALE`` or ``gaussian:S1,S2,...`` (one per action dimension), optionally ``@SEG1+SEG2``."""
     match = re.fullmatch(rf"gaussian:({_NUMBER}(?:,{_NUMBER})*)(?:@([\w.-]+(?:\+[\w.-]+)*))?", text.strip())
     if not match:
-        raise ControlError(f"--noise {text!r}: expected gaussian:SCALE, gaussian:S1,S2,... (one per action "
-                           "dimension) or either followed by @SEGMENT[+SEGMENT...], e.g. gaussian:0.1@grasp")
+        raise ControlError(ControlOption.NOISE, repr(text), "expected gaussian:SCALE, gaussian:S1,S2,... (one per "
+                           "action dimension) or either followed by @SEGMENT[+SEGMENT...], e.g. gaussian:0.1@grasp")
     scales = tuple(float(s) for s in match.group(1).split(","))
     if any(not math.isfinite(s) or s < 0 for s in scales):
-        raise ControlError(f"--noise {text!r}: scales must be finite and >= 0")
+        raise ControlError(ControlOption.NOISE, repr(text), "scales must be finite and >= 0")
     return NoiseSpec(scales, tuple(match.group(2).split("+")) if match.group(2) else ())
 
 
@@ -139,32 +166,34 @@ def parse_takeover(text: str) -> TakeoverRule:
     away from its own."""
     match = re.fullmatch(rf"gap:({_NUMBER}):(\d+)", text.strip())
     if not match:
-        raise ControlError(f"--takeover {text!r}: unknown rule; the rule is gap:BOUND:STEPS (the expert takes "
-                           "over after STEPS steps in a row where the driver's action differs from its own by "
-                           "more than BOUND in some dimension), e.g. gap:0.5:3")
+        raise ControlError(ControlOption.TAKEOVER, repr(text), "unknown rule; the rule is gap:BOUND:STEPS (the "
+                           "expert takes over after STEPS steps in a row where the driver's action differs from its "
+                           "own by more than BOUND in some dimension), e.g. gap:0.5:3")
     gap, steps = float(match.group(1)), int(match.group(2))
     if not math.isfinite(gap) or gap < 0 or steps < 1:
-        raise ControlError(f"--takeover {text!r}: BOUND must be >= 0 and STEPS >= 1")
+        raise ControlError(ControlOption.TAKEOVER, repr(text), "BOUND must be >= 0 and STEPS >= 1")
     return TakeoverRule(gap, steps)
 
 
 def check_control(control: ControlSpec, action_shape: tuple[int, ...]) -> None:
     """Refuse what cannot apply to a task with this action shape (before anything is written)."""
     if not 0.0 <= control.beta <= 1.0 or not math.isfinite(control.beta):
-        raise ControlError(f"--beta {control.beta:g}: must be in [0, 1]")
+        raise ControlError(ControlOption.BETA, f"{control.beta:g}", "must be in [0, 1]")
     if control.driver is None and (control.beta or control.takeover is not None):
-        raise ControlError("--beta and --takeover need --driver (a policy to mix with or take over from)")
+        option = ControlOption.BETA if control.beta else ControlOption.TAKEOVER
+        raise ControlError(option, None, ControlOption.BETA, " and ", ControlOption.TAKEOVER, " need ",
+                           ControlOption.DRIVER, " (a policy to mix with or take over from)")
     if control.driver is not None and not control.driver.strip():
-        raise ControlError("--driver '': name a LeRobot checkpoint folder or module:factory")
+        raise ControlError(ControlOption.DRIVER, "''", "name a LeRobot checkpoint folder or module:factory")
     timeout = control.policy_timeout_s
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or not 0 < timeout <= 86_400):
-        raise ControlError(f"--policy-timeout {timeout!r}: must be in (0, 86400] seconds")
+        raise ControlError(ControlOption.POLICY_TIMEOUT, repr(timeout), "must be in (0, 86400] seconds")
     if control.noise is not None:
         dims = int(np.prod(action_shape))
         if len(control.noise.scales) not in (1, dims):
-            raise ControlError(f"--noise {control.noise.text()!r}: {len(control.noise.scales)} scales for an "
-                               f"action of {dims} dimensions; give one scale or {dims}")
+            raise ControlError(ControlOption.NOISE, repr(control.noise.text()), f"{len(control.noise.scales)} "
+                               f"scales for an action of {dims} dimensions; give one scale or {dims}")
 
 
 def check_segments(control: ControlSpec, segment_names: Sequence[str], task: str) -> None:
@@ -174,11 +203,11 @@ def check_segments(control: ControlSpec, segment_names: Sequence[str], task: str
         return
     wanted = noise.segments
     if not segment_names:
-        raise ControlError(f"--noise {noise.text()!r}: task {task!r} declares no segment names, so noise "
-                           "cannot be limited to segments; leave out @SEGMENT")
+        raise ControlError(ControlOption.NOISE, repr(noise.text()), f"task {task!r} declares no segment names, so "
+                           "noise cannot be limited to segments; leave out @SEGMENT")
     unknown = [name for name in wanted if name not in segment_names]
     if unknown:
-        raise ControlError(f"--noise {noise.text()!r}: task {task!r} has no segment "
+        raise ControlError(ControlOption.NOISE, repr(noise.text()), f"task {task!r} has no segment "
                            f"{', '.join(repr(n) for n in unknown)}; its segments are {', '.join(segment_names)}")
 
 

@@ -73,6 +73,8 @@ class _FrameSlot:
     record: Frame
 
 
+_Slot = _FrameSlot | AttemptStarted | AttemptEnded | EpisodeAbandoned
+
 async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryObjectSendStream[EncodedRecord], *,
                        cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings,
                        context: StageContext | None = None, lookahead: int = DEFAULT_LOOKAHEAD,
@@ -94,44 +96,50 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
                                                   stats_dir=stats_dir)
                           for name, spec in specs.items()})
     # A frame waits for its lanes' bytes in a slot; every other record passes through in order.
-    slots_send, slots_recv = anyio.create_memory_object_stream[
-        _FrameSlot | AttemptStarted | AttemptEnded | EpisodeAbandoned](lookahead - 2)
-
-    async def feed() -> None:
-        async with slots_send:
-            async for record in receive:
-                if isinstance(record, Frame):
-                    check_cameras(record, specs)
-                    lanes.submit_frame(record.key, record.images)
-                    await slots_send.send(_FrameSlot(record))
-                else:
-                    if isinstance(record, AttemptEnded):
-                        lanes.submit_end(record.key, keep=record.result.keeps_data)
-                    await slots_send.send(record)
-
-    async def emit(stage: anyio.CancelScope) -> None:
-        """Send results on in order; leaves slots_recv open on failure (the feeder is cancelled, not broken)."""
-        try:
-            async for slot in slots_recv:
-                if isinstance(slot, _FrameSlot):
-                    video = await lanes.next_result()
-                    if delay_s:
-                        await anyio.sleep(delay_s)
-                    await send.send(encoded_frame(slot.record, video))
-                elif isinstance(slot, AttemptEnded):
-                    tail = video_tail(slot, await lanes.next_result())
-                    if tail is not None:
-                        await send.send(tail)
-                    await send.send(slot)
-                else:
-                    await send.send(slot)
-                for name, seconds in lanes.busy_seconds().items():
-                    context.busy.set(f"encode:{name}", seconds)
-        except anyio.BrokenResourceError:
-            stage.cancel()  # the next stage is gone: it failed or was cancelled, and reports why itself
+    slots_send, slots_recv = anyio.create_memory_object_stream[_Slot](lookahead - 2)
 
     try:
         async with receive, send, slots_recv:
-            await run_halves(feed, emit)
+            await run_halves(functools.partial(_feed, receive, slots_send, lanes, specs),
+                             functools.partial(_emit, slots_recv, send, lanes, context, delay_s))
     finally:
         await lanes.close()
+
+
+async def _feed(receive: MemoryObjectReceiveStream[Record], slots: MemoryObjectSendStream[_Slot],
+                lanes: AsyncLaneSet, cameras: Collection[str]) -> None:
+    """Each frame's images to the lanes and its slot on; every other record on in order (an attempt's end
+    also to the lanes)."""
+    async with slots:
+        async for record in receive:
+            if isinstance(record, Frame):
+                check_cameras(record, cameras)
+                lanes.submit_frame(record.key, record.images)
+                await slots.send(_FrameSlot(record))
+            else:
+                if isinstance(record, AttemptEnded):
+                    lanes.submit_end(record.key, keep=record.result.keeps_data)
+                await slots.send(record)
+
+
+async def _emit(slots: MemoryObjectReceiveStream[_Slot], send: MemoryObjectSendStream[EncodedRecord],
+                lanes: AsyncLaneSet, context: StageContext, delay_s: float, stage: anyio.CancelScope) -> None:
+    """Send results on in order; leaves ``slots`` open on failure (the feeder is cancelled, not broken)."""
+    try:
+        async for slot in slots:
+            if isinstance(slot, _FrameSlot):
+                video = await lanes.next_result()
+                if delay_s:
+                    await anyio.sleep(delay_s)
+                await send.send(encoded_frame(slot.record, video))
+            elif isinstance(slot, AttemptEnded):
+                tail = video_tail(slot, await lanes.next_result())
+                if tail is not None:
+                    await send.send(tail)
+                await send.send(slot)
+            else:
+                await send.send(slot)
+            for name, seconds in lanes.busy_seconds().items():
+                context.busy.set(f"encode:{name}", seconds)
+    except anyio.BrokenResourceError:
+        stage.cancel()  # the next stage is gone: it failed or was cancelled, and reports why itself

@@ -37,11 +37,22 @@ from typing import Any
 import numpy as np
 
 from demoforge.stages.camera_encoder import EncoderError
-from demoforge.stages.records import AttemptKey, CameraTail
+from demoforge.stages.encoder_messages import (
+    Done,
+    EncodeFrame,
+    EndAttempt,
+    Failed,
+    FromChild,
+    Hurry,
+    Quit,
+    Result,
+    Setup,
+    ToChild,
+)
+from demoforge.stages.records import AttemptKey
 from demoforge.stages.settings import VideoSettings
 from demoforge.storage.schema import CameraSpec
 
-Result = dict[str, bytes | CameraTail | None]
 
 
 def frame_layout(cameras: tuple[CameraSpec, ...]) -> tuple[dict[str, tuple[int, np.dtype[Any]]], int]:
@@ -86,7 +97,7 @@ class EncoderProcess:
         self._conn = Connection(ours.detach())
         self._closed = False
         self._idle = idle
-        self._send(("setup", cameras, fps, settings, stats_dir, slots, idle))
+        self._send(Setup(tuple(cameras), fps, settings, stats_dir, slots, idle))
 
     @property
     def pid(self) -> int:
@@ -103,26 +114,27 @@ class EncoderProcess:
                                    f"{camera.shape} {dtype}")
             view: np.ndarray = np.ndarray(camera.shape, dtype, buffer=self._buffer, offset=base + offset)
             view[...] = image
-        self._send(("frame", key, slot))
+        self._send(EncodeFrame(key, slot))
         self._frames += 1
 
     def submit_end(self, key: AttemptKey, keep: bool) -> None:
-        self._send(("end", key, keep))
+        self._send(EndAttempt(key, keep))
 
     def take_result(self) -> Result:
         """The next job's result of every camera, in submission order; raises the child's failure."""
         try:
             if self._idle and not self._conn.poll():  # about to wait: the child raises its encoders to normal
-                self._conn.send(("hurry",))
-            message = self._conn.recv()
+                self._conn.send(Hurry())
+            message: FromChild = self._conn.recv()
         except (EOFError, OSError) as exc:
             raise self._died() from exc
-        if message[0] == "error":
-            error = message[1]
-            raise error if isinstance(error, BaseException) else EncoderError(str(error))
-        _, result, busy = message
-        self._busy = busy
-        return dict(result)
+        match message:
+            case Done(result=result, busy=busy):
+                self._busy = busy
+                return dict(result)
+            case Failed(error=error):
+                raise error
+        raise EncoderError(f"the encoder process sent a {type(message).__name__}, not a result")
 
     def busy_seconds(self) -> dict[str, float]:
         return dict(self._busy)
@@ -133,7 +145,7 @@ class EncoderProcess:
             return
         self._closed = True
         try:
-            self._conn.send(("quit",))
+            self._conn.send(Quit())
         except OSError:
             pass  # the child is gone already
         try:
@@ -148,7 +160,7 @@ class EncoderProcess:
         self._buffer.close()
         os.close(self._memfd)
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    def _send(self, message: ToChild) -> None:
         try:
             self._conn.send(message)
         except OSError as exc:

@@ -32,7 +32,6 @@ from demoforge.stages.contract import (
     TaskError,
     TaskProtocolError,
     TerminalReason,
-    as_bool_verdict,
     check_json_safe,
 )
 from demoforge.stages.actions import check_action, default_hold_action
@@ -48,13 +47,13 @@ from demoforge.stages.control import (
     describe_failure,
 )
 from demoforge.stages.task_protocol import (
-    ChecksSuccess,
     GivesInstruction,
     HoldsAction,
     Randomizes,
-    RecordsObservation,
     SeedsAttempt,
     SelectsEpisode,
+    recorder_of,
+    success_check,
     task_capability,
 )
 from demoforge.stages.records import (
@@ -69,7 +68,7 @@ from demoforge.stages.records import (
     Record,
     WorkSource,
 )
-from demoforge.stages.segment_cursor import END, SegmentCursor
+from demoforge.stages.segment_cursor import Advance, SegmentCursor
 from demoforge.storage.schema import CameraSpec
 
 
@@ -94,21 +93,6 @@ class RangeWorkSource:
 
 
 # ----------------------------------------------------------------------------------------- recording
-def default_record(observation: Any) -> RecordedObservation:
-    if isinstance(observation, Mapping):
-        state = {f"observation.{k}": np.asarray(v) for k, v in observation.items()
-                 if not isinstance(v, Mapping)}
-        return RecordedObservation(state=state)
-    return RecordedObservation(state={"observation.state": np.asarray(observation)})
-
-
-def default_success(info: Mapping[str, Any]) -> bool | None:
-    for key in ("success", "is_success"):
-        if key in info:
-            return as_bool_verdict(info[key], f"info[{key!r}]")
-    return None
-
-
 class _Shapes:
     """Remembers each recorded key's shape and dtype from the first frame; later frames must match."""
 
@@ -210,16 +194,13 @@ class _Attempt:
         self.instruction: str | None = None
         self.randomization: Mapping[str, Any] | None = None
         self.result: EpisodeResult | None = None
-        self._record: Callable[[Any], Any] = default_record
-        self._success: Callable[[Any, Any], Any] | None = None
-        self.bind_task()
+        self._record: Callable[[Any], Any] = recorder_of(env)
+        self._success: Callable[[Any, Mapping[str, Any]], bool | None] = success_check(env)
 
     def bind_task(self) -> None:
         """Find the recorder and success check on the env as it is now: a suite becomes the episode's member
         after the attempt is made (demo_select_episode), and that member records and judges the episode."""
-        recorder, judge = task_capability(self.env, RecordsObservation), task_capability(self.env, ChecksSuccess)
-        self._record = recorder.demo_record if recorder is not None else default_record
-        self._success = judge.demo_success if judge is not None else None
+        self._record, self._success = recorder_of(self.env), success_check(self.env)
 
     @property
     def segment(self) -> Segment | None:
@@ -254,20 +235,23 @@ class _Attempt:
         instructor = task_capability(self.env, GivesInstruction)
         self.instruction = str(instructor.demo_instruction()) if instructor is not None else None
         self.observe(observation)
-        if not self.cursor.start():
+        begun = self.cursor.begin()
+        if begun is Advance.PLAN_ENDED:
             self._finish(TerminalReason.EMPTY_PLAN, completed=False, success=False)
             return
+        self._segment_began(begun)
+
+    def _segment_began(self, advance: Advance) -> None:
+        """A segment was planned: take its first action, or fail the attempt when it has none."""
         self.segment_start, self.segment_step = self.step, 0
-        if not self._next_action():
+        if advance is Advance.EMPTY_SEGMENT:
             self._close_segment(False, "segment yielded no actions")
             self._finish(TerminalReason.EMPTY_SEGMENT, completed=False, success=False)
+            return
+        self._take_action()
 
-    def _next_action(self) -> bool:
-        raw = self.cursor.next_action()
-        if raw is END:
-            return False
-        self.action = check_action(raw, self.action_space)
-        return True
+    def _take_action(self) -> None:
+        self.action = check_action(self.cursor.action, self.action_space)
 
     def choose(self) -> np.ndarray:
         """What the next step executes: the expert's action, or what the attempt's control makes of it."""
@@ -280,6 +264,9 @@ class _Attempt:
                                                                  self.segment.name)
         return self.executed
 
+    def _segment_ended(self, accepted: bool) -> None:
+        self._close_segment(accepted, None if accepted else "validator rejected the segment")
+
     def _close_segment(self, success: bool, reason: str | None) -> None:
         seg = self.segment
         assert seg is not None
@@ -289,10 +276,8 @@ class _Attempt:
             instruction=seg.instruction, metadata=dict(seg.metadata)))
 
     def _episode_success(self, view: StepView) -> bool | None:
-        if self._success is not None:
-            verdict = self._task_call("demo_success", self._success, view.observation, view.info)
-            return as_bool_verdict(verdict, "demo_success")
-        return default_success(view.info)
+        verdict: bool | None = self._task_call("demo_success", self._success, view.observation, view.info)
+        return verdict
 
     # -- stepping
     def after_step(self, observation: Any, reward: float, terminated: bool, truncated: bool,
@@ -333,20 +318,16 @@ class _Attempt:
             self._finish(TerminalReason.SUCCESS if success else TerminalReason.FAILURE,
                          completed=success, success=success, terminated=True)
             return True, True
-        if self._next_action():
+        # When the segment's actions run out: validate, then plan the next one from the state it left.
+        advance = self.cursor.advance(view, on_end=self._segment_ended)
+        if advance is Advance.SAME_SEGMENT:
+            self._take_action()
             return False, False
-        # The segment's actions ran out: validate, then plan the next one from the state it left.
-        if not self.cursor.validate(view):
-            self._close_segment(False, "validator rejected the segment")
+        if advance is Advance.REJECTED:
             self._finish(TerminalReason.SEGMENT_VALIDATION_FAILED, completed=False, success=False)
             return True, False
-        self._close_segment(True, None)
-        if self.cursor.next_segment():
-            self.segment_start, self.segment_step = self.step, 0
-            if self._next_action():
-                return True, False
-            self._close_segment(False, "segment yielded no actions")
-            self._finish(TerminalReason.EMPTY_SEGMENT, completed=False, success=False)
+        if advance is not Advance.PLAN_ENDED:
+            self._segment_began(advance)
             return True, False
         verdict = self._episode_success(view)
         if verdict is None or verdict:

@@ -29,12 +29,6 @@ class RunawayStop:
     last_error: str
     group: int = 0  # the suite member that ran away (0 for a job of one task)
 
-    def describe(self) -> str:
-        reasons = ", ".join(f"{reason} ({count})" for reason, count in self.top_reasons) or "none recorded"
-        return (f"the last {self.consecutive} episodes were all abandoned (every attempt failed; limit "
-                f"--max-consecutive-abandoned {self.limit}); top discard reasons: {reasons}; "
-                f"last error: {self.last_error}")
-
 
 class EpisodePlanner:
     """Tracks committed and in-flight episode indices; the commit stage reports each episode's end.

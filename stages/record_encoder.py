@@ -10,12 +10,12 @@ ahead of them, and records leave in the order the executor made them.
 from __future__ import annotations
 
 import functools
-import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 from demoforge.stages.camera_encoder import make_recording_encoder
+from demoforge.stages.context import StageContext
 from demoforge.stages.encode import check_cameras, encoded_frame, video_tail
 from demoforge.stages.encode_lanes import LaneSet
 from demoforge.stages.encoder_process import EncoderProcess
@@ -32,14 +32,15 @@ class RecordEncoder:
 
     :meth:`feed` takes the executor's next record and returns the records now complete, in order;
     :meth:`drain` waits for all of them. After an exception inside an attempt, :meth:`reset` drops what is
-    pending and starts fresh lanes (the old ones abort their encoders). ``delay_s`` slows each encoded frame
-    (the crash tests' ``encode`` stage delay). ``apart``: the lanes run in a process of their own
-    (stages/encoder_process.py), not beside the env (a job without cameras starts none); ``idle``: that process's
-    encoders run at idle priority, raised while this worker waits for them (EncoderProcess)."""
+    pending and starts fresh lanes (the old ones abort their encoders). ``context``: the job's stop flag and its
+    ``encode`` delay (the crash tests' fault: it slows each encoded frame; none by default). ``apart``: the lanes
+    run in a process of their own (stages/encoder_process.py), not beside the env (a job without cameras starts
+    none); ``idle``: that process's encoders run at idle priority, raised while this worker waits for them
+    (EncoderProcess)."""
 
     def __init__(self, cameras: tuple[CameraSpec, ...], fps: int, settings: VideoSettings, *,
-                 stats_dir: Path | None = None, lag: int = DEFAULT_ENCODE_LAG, delay_s: float = 0.0,
-                 stop: threading.Event | None = None, apart: bool = False, idle: bool = False) -> None:
+                 stats_dir: Path | None = None, lag: int = DEFAULT_ENCODE_LAG, context: StageContext | None = None,
+                 apart: bool = False, idle: bool = False) -> None:
         if lag < 0:
             raise ValueError(f"lag must be >= 0 encoder jobs, got {lag}")
         self._makers = {c.name: functools.partial(make_recording_encoder, c, fps, settings, stats_dir=stats_dir)
@@ -51,8 +52,9 @@ class RecordEncoder:
         else:
             self._new_lanes = functools.partial(LaneSet, self._makers)
         self.lag = lag
-        self.delay_s = delay_s
-        self._stop = stop or threading.Event()
+        context = context or StageContext()
+        self._delay_s = context.delay("encode")
+        self._stop = context.stop
         self.lanes: LaneSet | EncoderProcess = self._new_lanes()
         self._pending: deque[Record] = deque()  # in the executor's order; frames and ends are lane jobs
         self._jobs = 0  # lane jobs in _pending
@@ -79,8 +81,8 @@ class RecordEncoder:
             if isinstance(record, Frame):
                 self._jobs -= 1
                 video = self.lanes.take_result()
-                if self.delay_s:
-                    self._stop.wait(self.delay_s)
+                if self._delay_s:
+                    self._stop.wait(self._delay_s)
                 out.append(encoded_frame(record, video))
             elif isinstance(record, AttemptEnded):
                 self._jobs -= 1

@@ -32,8 +32,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from demoforge.stages.attempts import AttemptLedger, RetryPolicy
 from demoforge.stages.contract import EnvError
 from demoforge.stages.context import StageContext
-from demoforge.stages.control import ControlSpec, Policy
-from demoforge.stages.executor import Executor
+from demoforge.stages.control import Policy
+from demoforge.stages.recipe import WorkerRecipe
 from demoforge.stages.record_encoder import DEFAULT_ENCODE_LAG, RecordEncoder
 from demoforge.stages.records import (
     PENDING,
@@ -41,8 +41,6 @@ from demoforge.stages.records import (
     EpisodeAssignment,
     Pending,
 )
-from demoforge.stages.settings import VideoSettings
-from demoforge.storage.schema import CameraSpec
 
 
 class StepTimeoutError(EnvError):
@@ -122,9 +120,9 @@ class _StreamWork:
 
 @dataclass(frozen=True)
 class StepSettings:
-    """What one job's env workers run: its task and cameras, how attempts are seeded and bounded, how frames
-    are encoded (``video`` at ``fps``; frame statistics spill into ``stats_dir``, None: the system's temporary
-    folder; ``encode_lag``: encoder jobs the env may run ahead of its encoders), how records are batched.
+    """How a job's env threads run its :class:`~demoforge.stages.recipe.WorkerRecipe` in this process: frame
+    statistics spill into ``stats_dir`` (None: the system's temporary folder); ``encode_lag``: encoder jobs the env
+    may run ahead of its encoders; ``make_policy`` builds a driving policy (the job builds its driver once).
 
     ``send_batch``/``send_wait_s``: records go downstream in batches of up to ``send_batch``, one hand-off to
     the event loop per batch; a record waits at most ``send_wait_s`` (or the next step, whichever is later)
@@ -132,24 +130,13 @@ class StepSettings:
     when the next episode is there already it goes on at once. An env then costs one hand-off per batch
     instead of one per record (each a round trip through the event loop that wakes its thread: 1.5-2.5 ms on
     a busy 2-core machine, half a second of an 800-step run); the env runs at most ``send_batch - 1`` records
-    ahead of a full stream. ``step_timeout_s``: the watchdog's limit (None: no watchdog)."""
+    ahead of a full stream. The watchdog's limit is the recipe's ``step_timeout_s`` (None: no watchdog)."""
 
-    task: str
-    job_seed: int
-    max_attempts: int
-    cameras: tuple[CameraSpec, ...]
-    fps: int
-    video: VideoSettings = field(default_factory=VideoSettings)
+    recipe: WorkerRecipe
     stats_dir: Path | None = None
     encode_lag: int = DEFAULT_ENCODE_LAG
-    encoder_process: bool = False  # the encoders run in a process of their own (stages/encoder_process.py)
-    encoder_idle: bool = False  # ... its encoders at idle priority (SCHED_IDLE; raised while the worker waits)
-    num_envs: int = 1
-    step_timeout_s: float | None = None
     send_batch: int = 1
     send_wait_s: float = 0.25
-    control: ControlSpec | None = None  # who drives (stages/control.py); make_policy builds a driving policy
-    keep_failures: bool = False  # failed attempts end kept (stages/executor.py Executor)
     make_policy: Callable[[], Policy] | None = None
 
 
@@ -203,7 +190,7 @@ class _EnvThread:
 
     async def _watch(self) -> bool:
         """Wait for the thread; give it up once it has been inside env or task code past the timeout."""
-        timeout = self.settings.step_timeout_s
+        timeout = self.settings.recipe.step_timeout_s
         state = self.state
         while not self.done.is_set():
             if timeout is None:
@@ -248,23 +235,20 @@ class _EnvThread:
 
     def _work(self) -> None:
         state, settings, context = self.state, self.settings, self.context
+        recipe = settings.recipe
         stop, delay_s = context.stop, context.delay("step")
         send_batch = max(1, settings.send_batch)
         env = None
         first_at = 0.0
         try:
-            self.encoder = encoder = RecordEncoder(settings.cameras, settings.fps, settings.video,
+            self.encoder = encoder = RecordEncoder(recipe.cameras, recipe.fps, recipe.video,
                                                    stats_dir=settings.stats_dir, lag=settings.encode_lag,
-                                                   delay_s=context.delay("encode"), stop=stop,
-                                                   apart=settings.encoder_process, idle=settings.encoder_idle)
+                                                   context=context,
+                                                   apart=recipe.encoder_process, idle=recipe.encoder_idle)
             state.busy()
-            env = build_env(self.make_row_env, settings.num_envs)
-            executor = Executor(env, task=settings.task, job_seed=settings.job_seed,
-                                max_attempts=settings.max_attempts,
-                                interrupt=lambda: stop.is_set() or state.abandoned, worker=self.worker,
-                                cameras=settings.cameras, control=settings.control,
-                                keep_failures=settings.keep_failures,
-                                make_policy=settings.make_policy)
+            env = build_env(self.make_row_env, recipe.num_envs)
+            executor = recipe.executor(env, worker=self.worker, make_policy=settings.make_policy,
+                                       interrupt=lambda: stop.is_set() or state.abandoned)
             work = _StreamWork(self.assignments, stop, state, self.token, self.carried, before_wait=self._flush)
             for record in executor.run(work):
                 started = state.busy_since
@@ -304,14 +288,14 @@ class _EnvThread:
     async def give_up(self) -> list[EpisodeAssignment]:
         """The env hung: end its attempts as errors and return their episodes for a fresh worker, with the
         episodes it had taken over and not started yet."""
-        state, settings, send, encoder = self.state, self.settings, self.send, self.encoder
+        state, recipe, send, encoder = self.state, self.settings.recipe, self.send, self.encoder
         carry = list(self.carried)
         # Records the hung worker produced but had not sent yet go first, once its encoders have finished them
         # (it can no longer touch them: an abandoned worker stops at its next idle(), before its batch or its
         # encoders). Its failed attempts' ends then go through the same encoders, which drop their video.
-        error = StepTimeoutError(f"the env did not return within {settings.step_timeout_s:g} s; attempt aborted "
-                                 "and the worker replaced", task=settings.task)
-        ends = list(state.ledger.end_all_failed(settings.task, error, RetryPolicy(settings.max_attempts)))
+        error = StepTimeoutError(f"the env did not return within {recipe.step_timeout_s:g} s; attempt aborted "
+                                 "and the worker replaced", task=recipe.task)
+        ends = list(state.ledger.end_all_failed(recipe.task, error, RetryPolicy(recipe.max_attempts)))
 
         def finish() -> list[EncodedRecord]:
             if encoder is None:

@@ -14,7 +14,8 @@ capability as gymnasium's ``get_wrapper_attr`` finds an attribute: on the env or
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
@@ -26,12 +27,14 @@ from demoforge.stages.contract import (
     RecordedObservation,
     Segment,
     TaskProtocolError,
+    as_bool_verdict,
     check_json_safe,
 )
 
 __all__ = ["ActionListTask", "ChecksSuccess", "GivesInstruction", "HoldsAction", "Pose", "Randomizes",
-           "RecordsObservation", "SeedsAttempt", "SegmentTask", "SelectsEpisode", "TaskPoses", "TracksPoses",
-           "iter_segments", "task_capability"]
+           "RandomizesVariants", "RecordsObservation", "SeedsAttempt", "SegmentTask", "SelectsEpisode", "TaskPoses",
+           "TracksPoses", "default_record", "default_success", "draw_randomization", "iter_segments", "recorder_of",
+           "success_check", "task_capability"]
 
 #: How deep a wrapper chain is searched (a loop of ``.env`` references must end).
 MAX_WRAPPERS = 64
@@ -99,6 +102,15 @@ class Randomizes(Protocol):
     """Redraws the scene before each attempt's reset from its seed; returns the drawn values (JSON-safe)."""
 
     def demo_randomize(self, seed: int) -> Mapping[str, Any] | None: ...
+
+
+@runtime_checkable
+class RandomizesVariants(Protocol):
+    """A :class:`Randomizes` task that also draws appearance variants of a seed's scene (what a rerender with
+    several variants records): variant 0 is the scene the seed draws alone, a variant ``v > 0`` draws the
+    appearance again from (seed, v) and leaves physics and the initial state as the seed drew them."""
+
+    def demo_randomize(self, seed: int, variant: int = 0) -> Mapping[str, Any] | None: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -190,6 +202,58 @@ def task_capability(env: object, capability: type[CapabilityT]) -> CapabilityT |
             return None
         current = current.env
     return None
+
+
+def default_record(observation: Any) -> RecordedObservation:
+    """What a frame records of a task without ``demo_record``: every array of a dict observation as
+    ``observation.<key>``, or an array observation as ``observation.state``."""
+    if isinstance(observation, Mapping):
+        state = {f"observation.{k}": np.asarray(v) for k, v in observation.items()
+                 if not isinstance(v, Mapping)}
+        return RecordedObservation(state=state)
+    return RecordedObservation(state={"observation.state": np.asarray(observation)})
+
+
+def default_success(info: Mapping[str, Any]) -> bool | None:
+    """The success of a task without ``demo_success``: ``info["success"]`` or ``info["is_success"]``; None when
+    the info holds neither."""
+    for key in ("success", "is_success"):
+        if key in info:
+            return as_bool_verdict(info[key], f"info[{key!r}]")
+    return None
+
+
+def recorder_of(env: object) -> Callable[[Any], RecordedObservation]:
+    """What records a frame of ``env``'s task: its ``demo_record`` (:class:`RecordsObservation`), else
+    :func:`default_record`. (A task's recorder returns what it returns; the executor checks it.)"""
+    recorder = task_capability(env, RecordsObservation)
+    return recorder.demo_record if recorder is not None else default_record
+
+
+def success_check(env: object) -> Callable[[Any, Mapping[str, Any]], bool | None]:
+    """The success check of ``env``'s task on (observation, info): its ``demo_success`` as one bool
+    (:class:`ChecksSuccess`), else :func:`default_success` of the info (None: the info says nothing)."""
+    judge = task_capability(env, ChecksSuccess)
+    if judge is None:
+        return lambda _observation, info: default_success(info)
+    return lambda observation, info: as_bool_verdict(judge.demo_success(observation, info), "demo_success")
+
+
+def draw_randomization(env: object, seed: int, variant: int = 0) -> Mapping[str, Any] | None:
+    """What ``env``'s task draws for ``seed`` (:class:`Randomizes`), in appearance ``variant`` (0: the seed's own
+    scene; another needs :class:`RandomizesVariants`); None for a task that randomizes nothing."""
+    if not variant:
+        plain = task_capability(env, Randomizes)
+        return None if plain is None else plain.demo_randomize(seed)
+    drawer = task_capability(env, RandomizesVariants)
+    if drawer is None:
+        return None
+    try:
+        inspect.signature(drawer.demo_randomize).bind(seed, variant)
+    except TypeError:
+        raise TaskProtocolError(f"{type(drawer).__name__}.demo_randomize takes no appearance variant (asked for "
+                                f"variant {variant})") from None
+    return drawer.demo_randomize(seed, variant)
 
 
 def iter_segments(env: Any, task: str) -> Iterator[Segment]:

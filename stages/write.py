@@ -67,76 +67,100 @@ def _finish(writer: EpisodeWriter, last: ChunkWrites, cameras: Mapping[str, Mapp
     writer.write_stats(cameras)
 
 
+class _Intake:
+    """The stage's first half: each record buffered into its attempt's writer, the I/O it needs queued as jobs
+    (a new attempt's opening, its full chunks, its end) or passed on in order."""
+
+    def __init__(self, store: Store, jobs: MemoryObjectSendStream[_IoJob], delay_s: float,
+                 mark: Callable[[str], None] | None) -> None:
+        self.store, self.jobs, self.delay_s = store, jobs, delay_s
+        self.mark = mark  # unset in production: the kill tests' moment "an attempt is mid-episode"
+        self.writers: dict[AttemptKey, EpisodeWriter] = {}
+        self.camera_stats: dict[AttemptKey, Mapping[str, Mapping[str, np.ndarray]]] = {}
+        self.workers: dict[AttemptKey, int] = {}
+
+    async def take(self, record: EncodedRecord) -> None:
+        if isinstance(record, AttemptStarted):
+            await self._started(record)
+        elif isinstance(record, EncodedFrame):
+            await self._frame(record)
+        elif isinstance(record, VideoTail):
+            writer = self.writers[record.key]
+            for camera, data in record.video.items():
+                writer.add_video(camera, data)
+            self.camera_stats[record.key] = record.stats
+        elif isinstance(record, AttemptEnded):
+            await self._ended(record)
+        else:
+            await self.jobs.send(_IoJob(result=functools.partial(_same, record)))
+
+    async def _started(self, record: AttemptStarted) -> None:
+        key = record.key
+        writer = self.writers[key] = self.store.prepare_attempt(key.episode_id)
+        await self.jobs.send(_IoJob(functools.partial(
+            self.store.begin_attempt, writer, episode_index=key.episode_index, attempt=key.attempt,
+            seed=record.seed, row=record.row, worker=record.worker)))
+        if self.mark is not None:
+            self.workers[key] = record.worker
+
+    async def _frame(self, record: EncodedFrame) -> None:
+        writer = self.writers[record.key]
+        full = writer.add_frame(record.state, record.action, record.reward, record.annotations.as_tuple())
+        for camera, data in record.video.items():
+            full |= writer.add_video(camera, data)
+        if self.mark is not None and writer.frames == 1:
+            self.mark(f"frames {record.key.episode_id} {self.workers.get(record.key, 0)}")
+        if full:
+            writes = writer.take_full()
+            await self.jobs.send(_IoJob(functools.partial(writer.write, writes)))
+        if self.delay_s:
+            await anyio.sleep(self.delay_s)
+
+    async def _ended(self, record: AttemptEnded) -> None:
+        writer = self.writers.pop(record.key)
+        if self.mark is not None:
+            self.workers.pop(record.key, None)
+            self.mark(f"ended {record.key.episode_id}")
+        cameras = self.camera_stats.pop(record.key, {})
+        if not record.result.keeps_data:
+            await self.jobs.send(_IoJob(result=functools.partial(StagedAttempt, record, {}, None)))
+            return
+        if writer.frames != record.frames:
+            raise RuntimeError(f"{record.key.episode_id}: write stage saw {writer.frames} frames, "
+                               f"the executor emitted {record.frames}")
+        last = writer.take_all()
+        await self.jobs.send(_IoJob(functools.partial(_finish, writer, last, cameras),
+                                    functools.partial(_staged, writer, record)))
+
+
+async def _run_io(jobs: MemoryObjectReceiveStream[_IoJob], send: MemoryObjectSendStream[StagedRecord],
+                  context: StageContext, stage: anyio.CancelScope) -> None:
+    """The stage's second half: run jobs in order; leaves ``jobs`` open on failure (the intake is cancelled, not
+    broken)."""
+    try:
+        async for job in jobs:
+            if job.work is not None:
+                started = time.perf_counter()
+                await anyio.to_thread.run_sync(job.work)
+                context.busy.add("write", time.perf_counter() - started)
+            if job.result is not None:
+                await send.send(job.result())
+    except anyio.BrokenResourceError:
+        stage.cancel()  # the commit stage is gone: it failed or was cancelled, and reports why itself
+
+
 async def write_stage(receive: MemoryObjectReceiveStream[EncodedRecord], send: MemoryObjectSendStream[StagedRecord],
                       *, store: Store, context: StageContext | None = None,
                       io_queue: int = DEFAULT_IO_QUEUE) -> None:
     context = context or StageContext()
     delay_s = context.delay("write")
-    writers: dict[AttemptKey, EpisodeWriter] = {}
-    camera_stats: dict[AttemptKey, Mapping[str, Mapping[str, np.ndarray]]] = {}
     jobs_send, jobs_recv = anyio.create_memory_object_stream[_IoJob](max(0, io_queue - 1))
-    mark = attempt_marks()  # unset in production: the kill tests' moment "an attempt is mid-episode"
-    workers: dict[AttemptKey, int] = {}
+    intake = _Intake(store, jobs_send, delay_s, attempt_marks())
 
-    async def intake() -> None:
+    async def take_all() -> None:
         async with jobs_send:
             async for record in receive:
-                if isinstance(record, AttemptStarted):
-                    key = record.key
-                    writer = writers[key] = store.prepare_attempt(key.episode_id)
-                    await jobs_send.send(_IoJob(functools.partial(
-                        store.begin_attempt, writer, episode_index=key.episode_index, attempt=key.attempt,
-                        seed=record.seed, row=record.row, worker=record.worker)))
-                    if mark is not None:
-                        workers[key] = record.worker
-                elif isinstance(record, EncodedFrame):
-                    writer = writers[record.key]
-                    full = writer.add_frame(record.state, record.action, record.reward,
-                                            record.annotations.as_tuple())
-                    for camera, data in record.video.items():
-                        full |= writer.add_video(camera, data)
-                    if mark is not None and writer.frames == 1:
-                        mark(f"frames {record.key.episode_id} {workers.get(record.key, 0)}")
-                    if full:
-                        writes = writer.take_full()
-                        await jobs_send.send(_IoJob(functools.partial(writer.write, writes)))
-                    if delay_s:
-                        await anyio.sleep(delay_s)
-                elif isinstance(record, VideoTail):
-                    writer = writers[record.key]
-                    for camera, data in record.video.items():
-                        writer.add_video(camera, data)
-                    camera_stats[record.key] = record.stats
-                elif isinstance(record, AttemptEnded):
-                    writer = writers.pop(record.key)
-                    if mark is not None:
-                        workers.pop(record.key, None)
-                        mark(f"ended {record.key.episode_id}")
-                    cameras = camera_stats.pop(record.key, {})
-                    if record.result.keeps_data:
-                        if writer.frames != record.frames:
-                            raise RuntimeError(f"{record.key.episode_id}: write stage saw {writer.frames} frames, "
-                                               f"the executor emitted {record.frames}")
-                        last = writer.take_all()
-                        await jobs_send.send(_IoJob(functools.partial(_finish, writer, last, cameras),
-                                                    functools.partial(_staged, writer, record)))
-                    else:
-                        await jobs_send.send(_IoJob(result=functools.partial(StagedAttempt, record, {}, None)))
-                else:
-                    await jobs_send.send(_IoJob(result=functools.partial(_same, record)))
-
-    async def run_io(stage: anyio.CancelScope) -> None:
-        """Run jobs in order; leaves jobs_recv open on failure (the intake is cancelled, not broken)."""
-        try:
-            async for job in jobs_recv:
-                if job.work is not None:
-                    mark = time.perf_counter()
-                    await anyio.to_thread.run_sync(job.work)
-                    context.busy.add("write", time.perf_counter() - mark)
-                if job.result is not None:
-                    await send.send(job.result())
-        except anyio.BrokenResourceError:
-            stage.cancel()  # the commit stage is gone: it failed or was cancelled, and reports why itself
+                await intake.take(record)
 
     async with receive, send, jobs_recv:
-        await run_halves(intake, run_io)
+        await run_halves(take_all, functools.partial(_run_io, jobs_recv, send, context))

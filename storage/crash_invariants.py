@@ -52,7 +52,7 @@ def attempt_rows(store: Path) -> list[AttemptRow] | None:
         return None
     try:
         with open_store(store) as view:
-            return sorted(view.catalog.attempts(), key=lambda r: r.row_id)
+            return sorted(view.attempts(), key=lambda r: r.row_id)
     except Exception:  # a catalog a killed or starting process is creating right now: read it again later
         return None
 
@@ -133,11 +133,8 @@ def check_resumed_store(store: Path, *, target: int, before: StoreSnapshot | Non
     if staging or folders != kept or partial:
         bad("no_leftovers", f"staging rows {staging}, folders not committed {sorted(folders - kept)}, "
                             f"missing {sorted(kept - folders)}, partial files {partial[:3]}")
-    from demoforge.storage.store_verify import verify_store
-
     with open_store(store) as view:
-        _fingerprint, staged = view.require_job()
-        report = verify_store(view.catalog, staged, quarantine=False)
+        report = view.verify()
     if not report.ok:
         bad("store_verifies", "; ".join(f"{p.episode_id}: {p.problem}" for p in report.problems)[:800])
     return violations

@@ -141,9 +141,9 @@ class ReplayStoreSource(EpisodeSource):
             self._store = open_store(path)
             fingerprint, self._staging = self._store.require_job()
             # Pruned episodes (staged data deleted after export) are replayed from the dataset, not the store.
-            pruned = self._store.catalog.pruned_ids()
+            pruned = self._store.pruned_ids()
             # The job's episodes, by index; failures kept as data are read from an export (--include failures).
-            self._rows = {r.episode_index: r for r in self._store.catalog.committed()
+            self._rows = {r.episode_index: r for r in self._store.committed()
                           if r.episode_id not in pruned and not r.kept_failure}
         except StoreError as exc:
             raise EpisodeSourceError(str(exc)) from None

@@ -1,28 +1,56 @@
 """Every fault-injection hook, read here and nowhere else: for tests and the tools/ harnesses, unset in normal runs.
 
+The hooks are one :class:`Faults` object, built from the environment by :func:`active` (the one place product
+code asks) and :data:`NO_FAULTS`, which does nothing, when the environment sets none; no product signature
+carries a hook (tests/test_architecture.py holds that). What the environment can ask:
+
 - ``DEMOFORGE_STAGE_DELAY`` (e.g. ``"write:0.02,commit:0.3"``): seconds to sleep per frame in a stage, and
   between the fsync and the catalog flip of every commit, so a kill can land in that window; with
   ``DEMOFORGE_WINDOW_MARKS=FILE`` each commit writes its episode id to FILE as its window opens (the moment a
   test kills).
 - ``DEMOFORGE_ATTEMPT_MARKS=FILE``: the write stage appends ``frames EPISODE_ID WORKER`` to FILE when an attempt's
   first frame reaches it and ``ended EPISODE_ID`` when its end does: a test kills while an attempt is mid-episode.
-- ``DEMOFORGE_EXPORT_PAUSE`` / ``DEMOFORGE_EXPORT_HANG`` / ``DEMOFORGE_EXPORT_HANG_ONCE``: sleep at each step of an
-  export, or block at one; the hang creates its file when it blocks, which is the moment a test kills it.
+- ``DEMOFORGE_EXPORT_PAUSE`` / ``DEMOFORGE_EXPORT_HANG`` / ``DEMOFORGE_EXPORT_HANG_ONCE``: sleep at each
+  :class:`ExportStep` of an export, edit, merge, repair or conversion, or block at one; the hang creates its file
+  when it blocks, which is the moment a test kills it.
 - ``DEMOFORGE_PRUNE_PAUSE``: seconds between two deletions of a prune.
 - ``DEMOFORGE_FREE_SPACE_FILE``: a file holding the free space (MB) the daemon's disk check reports.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 STAGES = ("step", "encode", "write", "commit")
 
 
+class ExportStep(enum.Enum):
+    """The named moments of writing a dataset (a version, or a conversion's new path), in the order they come: a
+    watching parent counts them as progress (pipeline/export_child.py) and the kill tests stop a process at them."""
+
+    AFTER_LINKS = "after_links"  # an export's new version holds links to every file of the published one
+    AFTER_VIDEOS = "after_videos"  # the video files are written (a conversion: one more episode written)
+    AFTER_DATA = "after_data"  # the data files are written
+    BEFORE_FSYNC = "before_fsync"  # every file written, none fsynced yet
+    BEFORE_PUBLISH = "before_publish"  # renamed into place, the dataset's link not swapped yet
+    AFTER_PUBLISH = "after_publish"  # published
+    BEFORE_CATALOG = "before_catalog"  # an export: published, the stores' catalogs not told yet
+    AFTER_CATALOG = "after_catalog"
+    AFTER_REPORT = "after_report"  # ``demoforge export`` printed its report
+
+
+EXPORT_STEPS = tuple(step.value for step in ExportStep)
+
+StepObserver = Callable[[ExportStep], None]
+
+
 def stage_delays(spec: str | None = None) -> Mapping[str, float]:
+    """``DEMOFORGE_STAGE_DELAY`` (or ``spec``) as stage -> seconds; ValueError names a bad entry."""
     spec = os.environ.get("DEMOFORGE_STAGE_DELAY", "") if spec is None else spec
     delays: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
@@ -36,19 +64,97 @@ def stage_delays(spec: str | None = None) -> Mapping[str, float]:
     return delays
 
 
-def window_pause(seconds: float, what: str) -> Callable[[], None]:
-    """A pause of ``seconds`` inside a window a kill should land in (a commit's, between its fsync and its catalog
-    flip); with ``DEMOFORGE_WINDOW_MARKS=FILE`` it first appends ``what`` to FILE, so a test can wait for the
-    moment rather than guess it."""
-    marks = os.environ.get("DEMOFORGE_WINDOW_MARKS")
+def _export_hang(spec: str | None) -> tuple[ExportStep, int] | None:
+    """``DEMOFORGE_EXPORT_HANG``: ``STEP`` (the first time it is reached) or ``STEP#N`` (the N-th)."""
+    if spec is None:
+        return None
+    name, _, nth = spec.partition("#")
+    if name not in EXPORT_STEPS or (nth and not nth.isdigit()):
+        raise ValueError(f"DEMOFORGE_EXPORT_HANG is {spec!r}: expected STEP or STEP#N; steps: "
+                         f"{', '.join(EXPORT_STEPS)}")
+    return ExportStep(name), int(nth or 1)
 
-    def pause() -> None:
-        if marks:
-            with open(marks, "a") as file:
-                file.write(f"{what}\n")
+
+@dataclass(frozen=True)
+class FaultSettings:
+    """What the environment asks for (all unset: no fault)."""
+
+    stage_delays: Mapping[str, float] = field(default_factory=dict)
+    window_marks: str | None = None
+    export_pause_s: float = 0.0
+    export_hang: tuple[ExportStep, int] | None = None  # the step, and which time it is reached
+    export_hang_once: str | None = None
+
+    @classmethod
+    def from_environment(cls) -> FaultSettings:
+        raw = os.environ.get("DEMOFORGE_EXPORT_PAUSE")
+        return cls(stage_delays=stage_delays(), window_marks=os.environ.get("DEMOFORGE_WINDOW_MARKS") or None,
+                   export_pause_s=float(raw) if raw else 0.0,
+                   export_hang=_export_hang(os.environ.get("DEMOFORGE_EXPORT_HANG") or None),
+                   export_hang_once=os.environ.get("DEMOFORGE_EXPORT_HANG_ONCE") or None)
+
+
+class Faults:
+    """The faults of one process. Its only state is how many times the hang's step was reached (``STEP#N``: an
+    edit that publishes several datasets reaches ``after_publish`` once per dataset)."""
+
+    def __init__(self, settings: FaultSettings | None = None) -> None:
+        self.settings = settings or FaultSettings()
+        self._reached = 0
+
+    def delay(self, stage: str) -> float:
+        """Seconds a stage sleeps per record (0: none)."""
+        return self.settings.stage_delays.get(stage, 0.0)
+
+    def commit_window(self, episode_id: str) -> None:
+        """Inside a commit, between its fsync and its catalog flip: with a ``commit`` delay, note the moment
+        (``DEMOFORGE_WINDOW_MARKS``) so a test can kill in it rather than guess it, then sleep."""
+        seconds = self.delay("commit")
+        if not seconds:
+            return
+        if self.settings.window_marks:
+            with open(self.settings.window_marks, "a") as file:
+                file.write(f"{episode_id}\n")
         time.sleep(seconds)
 
-    return pause
+    def pause(self, step: ExportStep) -> None:
+        """At an export step: sleep ``DEMOFORGE_EXPORT_PAUSE`` seconds; block forever at the step
+        ``DEMOFORGE_EXPORT_HANG`` names (with ``DEMOFORGE_EXPORT_HANG_ONCE=FILE``, only while FILE does not exist;
+        the hang creates it, so a test knows the moment it blocks and the next run goes through)."""
+        settings = self.settings
+        if settings.export_pause_s:
+            time.sleep(settings.export_pause_s)
+        if settings.export_hang is None or step != settings.export_hang[0]:
+            return
+        self._reached += 1
+        once = settings.export_hang_once
+        if self._reached == settings.export_hang[1] and not (once and os.path.exists(once)):
+            if once:
+                open(once, "w").close()
+            while True:
+                time.sleep(3600)
+
+
+NO_FAULTS = Faults()
+_active = NO_FAULTS
+
+
+def active() -> Faults:
+    """The faults this process's environment asks for (:data:`NO_FAULTS` when it asks none). The same object while
+    the environment stays the same, so a hang's ``#N`` counts across every dataset one command writes."""
+    global _active
+    settings = FaultSettings.from_environment()
+    if settings != _active.settings:
+        _active = Faults(settings) if settings != NO_FAULTS.settings else NO_FAULTS
+    return _active
+
+
+def reach(step: ExportStep, observer: StepObserver | None = None) -> None:
+    """A writer of a dataset got to ``step``: tell ``observer`` (a watching parent's progress), then apply the
+    faults asked for at it."""
+    if observer is not None:
+        observer(step)
+    active().pause(step)
 
 
 def attempt_marks() -> Callable[[str], None] | None:
@@ -62,45 +168,6 @@ def attempt_marks() -> Callable[[str], None] | None:
             file.write(f"{line}\n")
 
     return mark
-
-
-EXPORT_STEPS = ("after_links", "after_videos", "after_data", "before_fsync", "before_publish", "after_publish",
-                "before_catalog", "after_catalog", "after_report")
-
-
-def export_pause() -> Callable[[str], None] | None:
-    """``DEMOFORGE_EXPORT_PAUSE=seconds`` sleeps at each step of an export, so a kill can land inside it.
-
-    ``DEMOFORGE_EXPORT_HANG=STEP`` blocks the export forever at that step (a hung export, for the export
-    watchdog's tests), ``STEP#N`` the N-th time it gets there (an edit that publishes several datasets); with
-    ``DEMOFORGE_EXPORT_HANG_ONCE=FILE`` only while FILE does not exist (the hang creates it, so a test knows the
-    moment it blocks), so the next export runs through."""
-    raw = os.environ.get("DEMOFORGE_EXPORT_PAUSE")
-    seconds = float(raw) if raw else 0.0
-    hang_spec = os.environ.get("DEMOFORGE_EXPORT_HANG") or None
-    hang_at, _, nth = (hang_spec or "").partition("#")
-    if hang_spec is not None and (hang_at not in EXPORT_STEPS or (nth and not nth.isdigit())):
-        raise ValueError(f"DEMOFORGE_EXPORT_HANG is {hang_spec!r}: expected STEP or STEP#N; steps: "
-                         f"{', '.join(EXPORT_STEPS)}")
-    reached_nth = int(nth or 1)
-    reached = 0  # times the pause got to ``hang_at``
-    once = os.environ.get("DEMOFORGE_EXPORT_HANG_ONCE")
-    if not seconds and hang_spec is None:
-        return None
-
-    def pause(step: str) -> None:
-        nonlocal reached
-        if seconds:
-            time.sleep(seconds)
-        if step == hang_at:
-            reached += 1
-        if step == hang_at and reached == reached_nth and not (once and os.path.exists(once)):
-            if once:
-                open(once, "w").close()
-            while True:
-                time.sleep(3600)
-
-    return pause
 
 
 def prune_pause() -> float:

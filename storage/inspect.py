@@ -103,7 +103,7 @@ def inspect_path(path: Path | str, *, with_frames: bool = False, max_episodes: i
 
 def _inspect_store(path: Path, with_frames: bool, max_episodes: int) -> Inspection:
     with open_store(path) as store:
-        rows = store.catalog.attempts()
+        rows = store.attempts()
         good = [r for r in rows if r.state in READABLE_STATES and r.record and not r.kept_failure]
         result = Inspection(str(path), "store", episodes=[{**r.record, "length": r.frames} for r in good if r.record])
         result.outcomes = dict(Counter(_store_outcome(r) for r in rows))
@@ -113,7 +113,7 @@ def _inspect_store(path: Path, with_frames: bool, max_episodes: int) -> Inspecti
         if with_frames and fingerprint is not None and staging is not None and fingerprint.cameras:
             rgb = next((c.name for c in fingerprint.cameras if not c.is_depth), None)
             depth = next((c.name for c in fingerprint.cameras if c.is_depth), None)
-            pruned = store.catalog.pruned_ids()  # staged data deleted after export: no frames to show
+            pruned = store.pruned_ids()  # staged data deleted after export: no frames to show
             for r in [r for r in good if r.episode_id not in pruned][:max_episodes]:
                 video = staging.read_episode(r.episode_id, r.frames or 0, r.video_bytes).video
                 record = r.record or {}

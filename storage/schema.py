@@ -203,50 +203,20 @@ class Fingerprint:
 
     @classmethod
     def from_dict(cls, data: object) -> Fingerprint:
+        """The fingerprint a store's catalog holds, every field checked (FingerprintError names the first bad
+        one: a store another version or program wrote, or a tampered one)."""
         if not isinstance(data, Mapping):
             raise FingerprintError(f"the store's job fingerprint is a {type(data).__name__}, not a JSON object")
-        wanted = ("schema_version", "task", "task_options", "fps", "cameras", "state_shapes", "action_shape",
-                  "video", "seed", "chunk_frames")
-        missing = [k for k in wanted if k not in data]
-        extra = sorted(set(data) - set(wanted) - {"depth_video", "control", "rerender", "keep_failures",
-                                                   "feature_names", "robot_type"})
-        if missing or extra:
-            raise FingerprintError("the store's job fingerprint was written by another version or program: "
-                                   + "; ".join([*(f"field {k!r} is missing" for k in missing),
-                                                *(f"field {k!r} is unknown" for k in extra)]))
-
-        def bad(name: str, what: str) -> FingerprintError:
-            return FingerprintError(f"the store's job fingerprint has a bad {name!r} field: {what}, "
-                                    f"got {data[name]!r}"[:400])
-
-        def integer(name: str, value: object, lo: int = 0) -> int:
-            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
-                raise bad(name, f"expected an integer >= {lo}")
-            return value
-
-        def shape(name: str, value: object) -> tuple[int, ...]:
-            if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
-                                                      for d in value):
-                raise bad(name, "expected a list of positive integers")
-            return tuple(value)
-
-        cameras = data["cameras"]
-        if not isinstance(cameras, list) or not all(
-                isinstance(c, list) and (len(c) == 3 or (len(c) == 4 and c[3] in CAMERA_KINDS and c[3] != RGB))
-                and isinstance(c[1], int) and isinstance(c[2], int) for c in cameras):
-            raise bad("cameras", "expected a list of [name, height, width] or [name, height, width, \"depth\"]")
-        depth_video = DepthVideoIdentity.from_json(data["depth_video"]) if "depth_video" in data else None
-        if (depth_video is None) != all(len(c) == 3 for c in cameras):
-            raise FingerprintError("the store's job fingerprint has depth cameras without a 'depth_video' field, or "
-                                   "the other way round")
+        _check_fingerprint_fields(data)
+        cameras, depth_video = _fingerprint_cameras(data)
         states = data["state_shapes"]
         if not isinstance(states, Mapping):
-            raise bad("state_shapes", "expected an object of feature: shape")
+            raise _bad_field(data, "state_shapes", "expected an object of feature: shape")
         video = data["video"]
         if not isinstance(video, Mapping) or set(video) != {"codec", "crf", "preset", "g", "pix_fmt"}:
-            raise bad("video", "expected an object with codec, crf, preset, g, pix_fmt")
+            raise _bad_field(data, "video", "expected an object with codec, crf, preset, g, pix_fmt")
         if not isinstance(data["task"], str) or not isinstance(data["task_options"], Mapping):
-            raise bad("task" if not isinstance(data["task"], str) else "task_options", "wrong type")
+            raise _bad_field(data, "task" if not isinstance(data["task"], str) else "task_options", "wrong type")
         try:  # names from the catalog become paths: a tampered one must not lead a reader outside the store
             for c in cameras:
                 check_name("camera", c[0])
@@ -254,20 +224,22 @@ class Fingerprint:
                 check_name("state feature", feature)
         except TaskDefinitionError as exc:
             raise FingerprintError(f"the store's job fingerprint is unsafe: {exc}") from None
-        return cls(schema_version=integer("schema_version", data["schema_version"]), task=data["task"],
-                   task_options=dict(data["task_options"]), fps=integer("fps", data["fps"], 1),
-                   cameras=tuple(CameraSpec(*c) for c in cameras),
-                   state_shapes={k: shape("state_shapes", v) for k, v in states.items()},
-                   action_shape=shape("action_shape", data["action_shape"]),
+        schema_version = _int_field(data, "schema_version", data["schema_version"])  # checked in this order
+        fps = _int_field(data, "fps", data["fps"], 1)
+        state_shapes = {k: _shape_field(data, "state_shapes", v) for k, v in states.items()}
+        action_shape = _shape_field(data, "action_shape", data["action_shape"])
+        return cls(schema_version=schema_version, task=data["task"], task_options=dict(data["task_options"]),
+                   fps=fps, cameras=tuple(CameraSpec(*c) for c in cameras), state_shapes=state_shapes,
+                   action_shape=action_shape,
                    video=VideoIdentity(codec=str(video["codec"]), crf=video["crf"], preset=video["preset"],
-                                       g=integer("video", video["g"], 1), pix_fmt=str(video["pix_fmt"])),
-                   seed=integer("seed", data["seed"]), chunk_frames=integer("chunk_frames", data["chunk_frames"], 1),
+                                       g=_int_field(data, "video", video["g"], 1), pix_fmt=str(video["pix_fmt"])),
+                   seed=_int_field(data, "seed", data["seed"]),
+                   chunk_frames=_int_field(data, "chunk_frames", data["chunk_frames"], 1),
                    depth_video=depth_video, control=_control_field(data.get("control")),
                    rerender=_rerender_field(data.get("rerender")),
                    keep_failures=_keep_failures_field(data.get("keep_failures")),
-                   feature_names=_feature_names_field(data.get("feature_names"), {
-                       **{k: shape("state_shapes", v) for k, v in states.items()},
-                       "action": shape("action_shape", data["action_shape"])}),
+                   feature_names=_feature_names_field(data.get("feature_names"),
+                                                      {**state_shapes, "action": action_shape}),
                    robot_type=_robot_type_field(data.get("robot_type")))
 
     def differences(self, other: Fingerprint) -> list[str]:
@@ -324,6 +296,52 @@ def _rerender_field(value: object) -> Mapping[str, Any] | None:
             not isinstance(value["source"], str) or not isinstance(value["variants"], int):
         raise FingerprintError(f"the store's job fingerprint has a bad 'rerender' field, got {value!r}"[:400])
     return dict(value)
+
+
+def _check_fingerprint_fields(data: Mapping[str, Any]) -> None:
+    """Every field a fingerprint must have, and none this version does not know."""
+    wanted = ("schema_version", "task", "task_options", "fps", "cameras", "state_shapes", "action_shape",
+              "video", "seed", "chunk_frames")
+    missing = [k for k in wanted if k not in data]
+    extra = sorted(set(data) - set(wanted) - {"depth_video", "control", "rerender", "keep_failures",
+                                               "feature_names", "robot_type"})
+    if missing or extra:
+        raise FingerprintError("the store's job fingerprint was written by another version or program: "
+                               + "; ".join([*(f"field {k!r} is missing" for k in missing),
+                                            *(f"field {k!r} is unknown" for k in extra)]))
+
+
+def _bad_field(data: Mapping[str, Any], name: str, what: str) -> FingerprintError:
+    return FingerprintError(f"the store's job fingerprint has a bad {name!r} field: {what}, got {data[name]!r}"[:400])
+
+
+def _int_field(data: Mapping[str, Any], name: str, value: object, lo: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise _bad_field(data, name, f"expected an integer >= {lo}")
+    return value
+
+
+def _shape_field(data: Mapping[str, Any], name: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1
+                                              for d in value):
+        raise _bad_field(data, name, "expected a list of positive integers")
+    return tuple(value)
+
+
+def _fingerprint_cameras(data: Mapping[str, Any]) -> tuple[list[list[Any]], DepthVideoIdentity | None]:
+    """The cameras ([name, height, width], ``"depth"`` appended for a depth camera) and, with depth cameras
+    only, how their depth is encoded."""
+    cameras = data["cameras"]
+    if not isinstance(cameras, list) or not all(
+            isinstance(c, list) and (len(c) == 3 or (len(c) == 4 and c[3] in CAMERA_KINDS and c[3] != RGB))
+            and isinstance(c[1], int) and isinstance(c[2], int) for c in cameras):
+        raise _bad_field(data, "cameras",
+                         "expected a list of [name, height, width] or [name, height, width, \"depth\"]")
+    depth_video = DepthVideoIdentity.from_json(data["depth_video"]) if "depth_video" in data else None
+    if (depth_video is None) != all(len(c) == 3 for c in cameras):
+        raise FingerprintError("the store's job fingerprint has depth cameras without a 'depth_video' field, or "
+                               "the other way round")
+    return cameras, depth_video
 
 
 def _control_field(value: object) -> Mapping[str, Any] | None:

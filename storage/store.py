@@ -13,31 +13,49 @@ A :class:`Store` owns the catalog and the staging area and the protocol that kee
 is begun (row first, then its folder), committed (its files fsynced, then its row flipped in one
 transaction: a crash before the flip leaves a staging row that recovery discards) or discarded (row first,
 then its files); prune and verify run through it too. Stages, commands, the daemon, export and the workers
-use nothing else to reach a store's files.
+use nothing else to reach a store's files. The catalog is the store's own: what others read of it (rows, counts,
+the store id) and the states they change (``exported``, ``quarantined``) are :class:`Store` methods, so the
+rules of a state change live in one class (tests/test_architecture.py holds that no module above storage/
+reaches the catalog).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from demoforge.storage.catalog import Catalog, check_catalog_file
+from demoforge.storage import faults
+from demoforge.storage.catalog import AttemptRow, Catalog, ResumeState, check_catalog_file
 from demoforge.storage.durable import make_dirs
 from demoforge.storage.errors import ReadOnlyError, StoreError, StoreLockedError
 from demoforge.storage.locks import try_lock
 from demoforge.storage.paths import CATALOG_FILE, LOCK_FILE, STAGING_DIR, path_problem, short_path
 from demoforge.storage.prune import PruneReport, prune_exported
 from demoforge.storage.recovery import RecoveryReport, recover, release_unfinished
-from demoforge.storage.schema import Fingerprint
+from demoforge.storage.schema import AttemptState, Fingerprint
 from demoforge.storage.staging import (STAGING_FORMAT, EpisodeWriter, StagingCorruptError, StagingLayout,
                                        StagingStore)
 from demoforge.storage.store_verify import VerifyReport, verify_store
 
-__all__ = ["Store", "StoreMode", "StoreError", "StoreLockedError", "ReadOnlyError", "open_store"]
+__all__ = ["AttemptChanges", "Store", "StoreMode", "StoreError", "StoreLockedError", "ReadOnlyError", "open_store"]
 
 StoreMode = Literal["r", "r+", "w"]
+
+
+@dataclass(frozen=True)
+class AttemptChanges:
+    """What a tailing reader (storage/sampling/online.py) learns of a store in one consistent read: the rows
+    added after the last one it saw and those it saw staging, the quarantined and pruned counts, and the ids
+    behind a count that moved (None when it did not: reading them is the expensive part)."""
+
+    rows: list[AttemptRow]
+    quarantined: int
+    pruned: int
+    quarantined_ids: frozenset[str] | None
+    pruned_ids: frozenset[str] | None
 
 
 class Store:
@@ -46,7 +64,7 @@ class Store:
 
     def __init__(self, path: Path, mode: StoreMode, catalog: Catalog, *, lock_fd: int | None = None,
                  recovery: RecoveryReport | None = None, created: bool = False) -> None:
-        self.path, self.mode, self.catalog = path, mode, catalog
+        self.path, self.mode, self._catalog = path, mode, catalog
         self.recovery = recovery or RecoveryReport()  # what opening it cleaned up (a job writer recovers)
         self.created = created  # a job writer that bound a new job
         self._lock_fd = lock_fd
@@ -62,7 +80,7 @@ class Store:
     def fingerprint(self) -> Fingerprint | None:
         """The job's fingerprint; None until a writer binds one (re-read until then, fixed for life after)."""
         if self._fingerprint is None:
-            self._fingerprint = self.catalog.fingerprint()
+            self._fingerprint = self._catalog.fingerprint()
         return self._fingerprint
 
     @property
@@ -85,6 +103,67 @@ class Store:
             raise StoreError(f"{short_path(self.path)} holds no job yet: nothing was ever generated there")
         return fingerprint, staging
 
+    # ------------------------------------------------------------------------------ the catalog's rows
+    def attempts(self, states: tuple[AttemptState | str, ...] | None = None) -> list[AttemptRow]:
+        """Every attempt (or those in ``states``), by episode index, attempt and row."""
+        return self._catalog.attempts(states)
+
+    def committed(self) -> list[AttemptRow]:
+        """The episodes whose data is durable: committed and exported attempts."""
+        return self._catalog.committed()
+
+    def pruned_ids(self) -> set[str]:
+        """Exported episodes whose staged data was deleted (``demoforge prune``): no frames to read."""
+        return self._catalog.pruned_ids()
+
+    def store_id(self) -> str | None:
+        """The store's identity (None for a store made before ids existed, until :meth:`ensure_store_id`)."""
+        return self._catalog.store_id()
+
+    def ensure_store_id(self) -> str:
+        """The store's id, given now (once) to a store made before ids existed (mode r+ or w)."""
+        return self._catalog.ensure_store_id()
+
+    def summary(self) -> dict[str, Any]:
+        """The counts ``demoforge status`` prints (attempts by state, frames, discards, recovery log)."""
+        return self._catalog.summary()
+
+    def resume_state(self) -> ResumeState:
+        """What a resumed job finds done: committed and quarantined episode indices, attempts spent."""
+        return self._catalog.resume_state()
+
+    def kept_failure_count(self) -> int:
+        """Failed attempts kept as data (``generate --keep-failures``)."""
+        return self._catalog.kept_failure_count()
+
+    def data_version(self) -> int:
+        """A number that changes whenever another process commits to the catalog (cheap to poll)."""
+        return self._catalog.data_version()
+
+    def attempt_changes(self, *, after_row: int, pending: Collection[int], quarantined_seen: int,
+                        pruned_seen: int) -> AttemptChanges:
+        """Rows added after row ``after_row`` and the rows ``pending`` (seen staging), with the quarantined and
+        pruned counts and, where a count differs from the one seen, the ids: one consistent read."""
+        catalog = self._catalog
+        with catalog.snapshot():
+            rows = catalog.attempts_after(after_row) + catalog.attempts_by_row_id(pending)
+            quarantined = catalog.count(AttemptState.QUARANTINED)
+            pruned = catalog.pruned_count()
+            quarantined_ids = frozenset(catalog.episode_ids(AttemptState.QUARANTINED)) \
+                if quarantined != quarantined_seen else None
+            pruned_ids = frozenset(catalog.pruned_ids()) if pruned != pruned_seen else None
+        return AttemptChanges(rows, quarantined, pruned, quarantined_ids, pruned_ids)
+
+    # ------------------------------------------------------------------------------ state changes
+    def mark_exported(self, dataset_indices: Mapping[str, int]) -> None:
+        """Record, in one transaction, that these committed episodes are published at these dataset indices
+        (an export, after its version is published; mode r+ or w)."""
+        self._catalog.mark_exported(dataset_indices)
+
+    def quarantine(self, episode_id: str, reason: str) -> None:
+        """Take a committed or exported episode out of every later export and read (its data failed a check)."""
+        self._catalog.quarantine(episode_id, reason)
+
     def _writer(self, operation: str) -> StagingStore:
         if self.mode != "w":
             raise ReadOnlyError(operation, f"store {short_path(self.path)} (mode {self.mode!r})")
@@ -100,19 +179,17 @@ class Store:
         """Record the attempt (a ``staging`` row), then create its folder: a folder never exists without a
         row, so recovery can always tell what it is."""
         self._writer("begin an attempt")
-        self.catalog.begin_attempt(episode_index, attempt, writer.episode_id, seed, row, worker)
+        self._catalog.begin_attempt(episode_index, attempt, writer.episode_id, seed, row, worker)
         writer.create()
 
     def commit_attempt(self, episode_id: str, *, frames: int, video_bytes: Mapping[str, int], content_hash: str,
-                       record: Mapping[str, Any], kept_failure: bool = False,
-                       before_flip: Callable[[], None] | None = None) -> None:
+                       record: Mapping[str, Any], kept_failure: bool = False) -> None:
         """Make the attempt data: fsync its files and folders, then flip its row in one transaction. A crash
-        before the flip leaves a staging row (recovery discards it); after it the episode is complete.
-        ``before_flip`` runs between the two (tests stretch that window)."""
+        before the flip leaves a staging row (recovery discards it); after it the episode is complete. (The
+        crash tests stretch the window between the two: storage/faults.py ``commit_window``.)"""
         self._writer("commit an attempt").make_durable(episode_id)
-        if before_flip is not None:
-            before_flip()
-        self.catalog.commit(episode_id, frames=frames, video_bytes=video_bytes, content_hash=content_hash,
+        faults.active().commit_window(episode_id)
+        self._catalog.commit(episode_id, frames=frames, video_bytes=video_bytes, content_hash=content_hash,
                             record=dict(record), kept_failure=kept_failure)
 
     def discard_attempt(self, episode_id: str, *, reason: str, terminal_reason: str, counted: bool,
@@ -120,13 +197,13 @@ class Store:
         """Throw the attempt away: flip its row first (a crash then leaves an orphan folder, which recovery
         deletes), then delete its files."""
         staging = self._writer("discard an attempt")
-        self.catalog.discard(episode_id, reason=reason, terminal_reason=terminal_reason, counted=counted,
+        self._catalog.discard(episode_id, reason=reason, terminal_reason=terminal_reason, counted=counted,
                              record=None if record is None else dict(record))
         staging.delete_episode(episode_id)
 
     def release_unfinished(self) -> list[str]:
         """After a run ends with an error: delete the files of attempts still staging (see recovery.py)."""
-        return release_unfinished(self.catalog, self._writer("release unfinished attempts"))
+        return release_unfinished(self._catalog, self._writer("release unfinished attempts"))
 
     # ---------------------------------------------------------------------------------- maintenance
     def prune_exported(self, progress: Callable[[int, int], None] | None = None) -> PruneReport:
@@ -137,10 +214,10 @@ class Store:
             raise ReadOnlyError("prune", f"store {short_path(self.path)} (mode 'r')")
         _fingerprint, staging = self.require_job()
         if self.mode == "w":
-            return prune_exported(self.catalog, staging, progress=progress)
+            return prune_exported(self._catalog, staging, progress=progress)
         deleting = StagingStore(self.path, staging.layout)  # r+ reads through a staging area that deletes nothing
         try:
-            return prune_exported(self.catalog, deleting, progress=progress)
+            return prune_exported(self._catalog, deleting, progress=progress)
         finally:
             deleting.close()
 
@@ -148,13 +225,13 @@ class Store:
         """Check every committed episode's staged data; ``quarantine`` flips the bad ones (not in mode r)."""
         if quarantine and self.read_only:
             raise ReadOnlyError("quarantine episodes", f"store {short_path(self.path)} (mode 'r')")
-        return verify_store(self.catalog, self.require_job()[1], quarantine=quarantine, decode=decode)
+        return verify_store(self._catalog, self.require_job()[1], quarantine=quarantine, decode=decode)
 
     # ---------------------------------------------------------------------------------- closing
     def close(self) -> None:
         if self._staging is not None:
             self._staging.close()
-        self.catalog.close()
+        self._catalog.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

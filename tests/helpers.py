@@ -235,7 +235,7 @@ def committed_files(store: Path) -> dict[str, dict[str, bytes]]:
     out: dict[str, dict[str, bytes]] = {}
     with open_store(store) as view:
         _fingerprint, staging = view.require_job()
-        bases = {r.episode_id: staging.episode_path(r.episode_id) for r in view.catalog.committed()}
+        bases = {r.episode_id: staging.episode_path(r.episode_id) for r in view.committed()}
     for episode_id, base in bases.items():
         out[episode_id] = {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
     return out

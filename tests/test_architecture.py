@@ -101,7 +101,7 @@ def test_the_checker_sees_an_upward_import_and_a_circle() -> None:
     assert [m for m, ts in graph.items() for t in ts if floor(t) > floor(m)] == ["demoforge.storage.a"]
     assert strongly_connected(graph) == [["demoforge.pipeline.b", "demoforge.storage.a"]]
     assert storage_floor("demoforge.storage.staging") < storage_floor("demoforge.storage.lerobot.format") < \
-        storage_floor("demoforge.storage.viewer.source")  # so staging -> lerobot.format would be refused
+        storage_floor("demoforge.pipeline.viewer.source")  # so staging -> lerobot.format would be refused
 
 
 # The ground floor has floors of its own: its core (staging, catalog, the store, schema, video, the LeRobot
@@ -109,7 +109,7 @@ def test_the_checker_sees_an_upward_import_and_a_circle() -> None:
 # (storage/lerobot/), then what reads both a store and a dataset (replay's episode source, inspect, the
 # samplers, the viewer, the other formats a dataset is converted to).
 STORAGE_READERS = ("demoforge.storage.episode_source", "demoforge.storage.inspect", "demoforge.storage.sampling",
-                   "demoforge.storage.viewer", "demoforge.storage.convert")
+                   "demoforge.pipeline.viewer", "demoforge.storage.convert")
 
 
 def storage_floor(module: str) -> int:
@@ -145,3 +145,63 @@ def test_public_class_names_are_unique_across_the_floors() -> None:
                 if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                     defined[node.name].append(module_name(path))
     assert {name: modules for name, modules in defined.items() if len(modules) > 1} == {}
+
+
+# The store owns its catalog: what others read of it and the states they change are Store methods
+# (storage/store.py), so the rules of a state change live in one class. Above storage/ (and in tools/ and
+# tests/), no module reaches a store's catalog attribute; inside storage/, only the store touches its private one.
+CATALOG_ATTRIBUTES = ("catalog", "_catalog")
+
+
+def catalog_reaches(source: str, path: str = "<source>") -> list[int]:
+    """Lines of ``source`` that reach a ``catalog`` (or ``_catalog``) attribute of anything."""
+    return sorted(node.lineno for node in ast.walk(ast.parse(source, path))
+                  if isinstance(node, ast.Attribute) and node.attr in CATALOG_ATTRIBUTES)
+
+
+def test_no_module_but_the_store_reaches_a_store_catalog() -> None:
+    files = [p for folder in ("pipeline", "stages", "storage", "tools", "tests")
+             for p in sorted((ROOT / folder).rglob("*.py")) if p != ROOT / "storage" / "store.py"]
+    assert len(files) > 100, "the source folders were not found"
+    reached = [f"{p.relative_to(ROOT)}:{line}" for p in files for line in catalog_reaches(p.read_text(), str(p))]
+    assert not reached, ("a store's catalog reached outside storage/store.py (add a Store method):\n"
+                         + "\n".join(reached))
+
+
+# A test hook is a fault (storage/faults.py: one object, read from the environment in one place), never a
+# parameter of a signature other modules call: product code does not carry what only tests use.
+TEST_HOOK_PARAMETERS = frozenset({"pause", "stage_pause", "before_flip", "delay_s", "fault", "faults"})
+
+
+def hook_parameters(source: str, path: str = "<source>") -> list[str]:
+    """``function(parameter)`` for each public function or method of ``source`` (its name and its class's not
+    starting with ``_``) that takes a test hook."""
+    found: list[str] = []
+
+    def visit(node: ast.AST, private: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, private or child.name.startswith("_"))
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                public = not private and (not child.name.startswith("_") or child.name == "__init__")
+                args = child.args
+                found.extend(f"{child.name}({a.arg})" for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)
+                             if public and a.arg in TEST_HOOK_PARAMETERS)
+
+    visit(ast.parse(source, path), False)
+    return found
+
+
+def test_no_product_signature_takes_a_test_hook() -> None:
+    files = [p for floor_name in FLOORS for p in sorted((ROOT / floor_name).rglob("*.py"))]
+    hooked = [f"{p.relative_to(ROOT)}: {f}" for p in files for f in hook_parameters(p.read_text(), str(p))]
+    assert not hooked, "test hooks in product signatures (read them from storage/faults.py):\n" + "\n".join(hooked)
+
+
+def test_the_checkers_see_a_catalog_reached_and_a_hook_taken() -> None:
+    assert catalog_reaches("rows = store.catalog.committed()\nstore._catalog.close()\n") == [1, 2]
+    assert catalog_reaches("from demoforge.storage.catalog import Catalog\nrows = store.committed()\n") == []
+    source = ("def export(out, *, stage_pause=None): ...\nclass Store:\n    def commit(self, before_flip): ...\n"
+              "    def _flip(self, pause): ...\nclass _Private:\n    def __init__(self, delay_s): ...\n"
+              "class Encoder:\n    def __init__(self, delay_s=0.0): ...\n")
+    assert hook_parameters(source) == ["export(stage_pause)", "commit(before_flip)", "__init__(delay_s)"]

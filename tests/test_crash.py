@@ -37,7 +37,7 @@ ARGS = ("generate", "--task", "toy-point", "--episodes", str(EPISODES), "--codec
 
 def catalog_rows(store):
     with open_store(store) as view:
-        return view.catalog.committed(), view.catalog.attempts((AttemptState.STAGING,)), view.catalog.summary()
+        return view.committed(), view.attempts((AttemptState.STAGING,)), view.summary()
 
 
 @pytest.mark.campaign  # random kill moments (tools/crash_campaign.py is the long one); the suite's kill tests kill at events

@@ -94,7 +94,7 @@ def wait_for(predicate, timeout=180.0, every=0.25):
 
 def committed(store: Path) -> tuple[list, list]:
     with open_store(store) as view:
-        return view.catalog.attempts(("committed", "exported")), view.catalog.attempts(("staging",))
+        return view.attempts(("committed", "exported")), view.attempts(("staging",))
 
 
 def test_metrics_show_progress_and_sigterm_stops_gracefully(tmp_path):

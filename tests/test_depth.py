@@ -89,7 +89,7 @@ def depth_run(tmp_path_factory: pytest.TempPathFactory) -> DepthRun:
     export_store(store, dataset)
     rendered, rgb = render_episodes(OPTIONS, EPISODES)
     with open_store(store) as view:
-        rows = {r.episode_index: r for r in view.catalog.committed()}
+        rows = {r.episode_index: r for r in view.committed()}
     assert [rows[i].seed for i in range(EPISODES)] == [derive_seed(0, i, 0) for i in range(EPISODES)]
     segments = {i: (rows[i].record or {})["segments"] for i in range(EPISODES)}
     return DepthRun(store, dataset, rendered, rgb, segments)
@@ -124,7 +124,7 @@ def test_staged_depth_is_lerobots_quantization_of_the_rendered_depth_exactly(dep
         fingerprint, staging = view.require_job()
         identity = fingerprint.depth_video
         assert identity == depth_video.lerobot_depth_identity()
-        for row in view.catalog.committed():
+        for row in view.committed():
             assert row.frames is not None and row.video_bytes is not None, f"committed episode {row.episode_id}"
             staged = staging.read_episode(row.episode_id, row.frames, row.video_bytes)
             codes = depth_video.decode_codes(staged.video["front_depth"])
@@ -310,7 +310,7 @@ def test_process_executor_records_the_same_depth(depth_run: DepthRun, tmp_path: 
     def rows(path: Path) -> list[tuple]:
         with open_store(path) as view:
             return [(r.episode_index, r.attempt, r.frames, r.content_hash, r.video_bytes)
-                    for r in view.catalog.committed()]
+                    for r in view.committed()]
 
     assert rows(store) == rows(depth_run.store)
 
@@ -441,7 +441,7 @@ def test_sigkill_with_depth_resumes_to_a_clean_runs_content(tmp_path: Path) -> N
                              start_timeout_s=180):
             kills += 1
         with open_store(store) as view:
-            after = {r.episode_id: r.content_hash for r in view.catalog.committed()}
+            after = {r.episode_id: r.content_hash for r in view.committed()}
         assert all(after.get(k) == v for k, v in before.items()), "a committed episode was lost or altered"
         before = after
     assert kills >= 2
@@ -454,11 +454,11 @@ def test_sigkill_with_depth_resumes_to_a_clean_runs_content(tmp_path: Path) -> N
     def rows(path: Path) -> list[tuple]:
         with open_store(path) as view:
             return [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash, r.video_bytes)
-                    for r in view.catalog.committed()]
+                    for r in view.committed()]
 
     assert rows(store) == rows(clean)
     with open_store(store) as view:
-        assert set(staged_episode_ids(store)) == {r.episode_id for r in view.catalog.committed()}
+        assert set(staged_episode_ids(store)) == {r.episode_id for r in view.committed()}
     verify = subprocess.run(demoforge_argv("verify", "--store", str(store)), env=cli_env(), capture_output=True,
                             text=True, timeout=300)
     assert verify.returncode == 0, verify.stdout

@@ -90,3 +90,33 @@ def test_public_api_names_resolve_without_heavy_imports():
             "assert not missing, missing\n")
     result = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def _floor_maps() -> dict[str, str]:
+    """docs/pipeline.md's "The three floors" section, cut into each floor's module maps (a floor's text runs from
+    its "`floor/` module map" line to the next floor's)."""
+    text = (DOCS / "pipeline.md").read_text()
+    section = text[text.index("## The three floors"):]
+    section = section[:section.index("\n## ", 3)]
+    starts = {floor: section.index(f"`{floor}/` module map") for floor in ("pipeline", "stages", "storage")}
+    order = sorted(starts, key=starts.__getitem__)
+    return {floor: section[starts[floor]:starts[order[i + 1]] if i + 1 < len(order) else len(section)]
+            for i, floor in enumerate(order)}
+
+
+def test_the_module_maps_name_every_module_where_it_is() -> None:
+    """Every module of the three floors is in its floor's map (by file name, or inside a folder the map names as
+    a whole, like `cli/`), and every file a map names exists on that floor: a newcomer finds each module where
+    the map says."""
+    root = DOCS.parent
+    missing, absent = [], []
+    for floor, text in _floor_maps().items():
+        files = [p.relative_to(root / floor) for p in (root / floor).rglob("*.py") if p.name != "__init__.py"]
+        for path in files:
+            whole = len(path.parts) > 1 and f"`{path.parts[0]}/`" in text and f"`{floor}/{path.parts[0]}/`" not in text
+            if not whole and f"`{path.name}`" not in text and f"`{path.name}`," not in text:
+                missing.append(f"{floor}/{path}")
+        names = {p.name for p in files} | {"__init__.py"} | {p.name for p in root.glob("*.py")}  # setup.py
+        absent += [f"{floor}: {name}" for name in re.findall(r"`([a-z_0-9]+\.py)`", text) if name not in names]
+    assert not missing, "modules missing from docs/pipeline.md's module maps:\n" + "\n".join(sorted(missing))
+    assert not absent, "module maps name files that are not on that floor:\n" + "\n".join(sorted(set(absent)))

@@ -250,8 +250,8 @@ def test_a_lerobot_dataset_is_smart_cut_and_the_reencoded_frames_are_reported(tm
 
 def test_viewer_marks_rejected_beside_the_dataset_and_edit_deletes_them(two_tasks, tmp_path):
     from demoforge.storage.lerobot.rejected import rejected_list_path
-    from demoforge.storage.viewer.server import ViewerServer
-    from demoforge.storage.viewer.source import open_source
+    from demoforge.pipeline.viewer.server import ViewerServer
+    from demoforge.pipeline.viewer.source import open_source
 
     dataset = copy_dataset(two_tasks["dataset"], tmp_path)
     before = tree(dataset.resolve())

@@ -43,7 +43,7 @@ def tree_digest(root):
 def staged_rows(store):
     with open_store(store) as view:
         _fingerprint, staging = view.require_job()
-        rows = view.catalog.attempts(("committed", "exported"))
+        rows = view.attempts(("committed", "exported"))
         return [(r, read_row(staging, r)) for r in rows]
 
 
@@ -135,9 +135,8 @@ def test_two_exports_append_and_a_third_changes_nothing(tmp_path):
     assert [r["dataset_episode_index"] for r in sidecar] == list(range(10))
     assert [r["staging_episode_index"] for r in sidecar] == list(range(10))
     assert all(r["success"] and r["schema_version"] == 1 for r in sidecar)
-    catalog = open_store(store).catalog
-    assert [r.dataset_index for r in catalog.attempts(("exported",))] == list(range(10))
-    catalog.close()
+    with open_store(store) as view:
+        assert [r.dataset_index for r in view.attempts(("exported",))] == list(range(10))
 
 
 def test_the_same_store_exports_to_the_same_bytes(tmp_path):
@@ -176,7 +175,7 @@ def test_sigkill_at_each_step_of_an_export_leaves_the_previous_or_the_new_datase
     assert not list((tmp_path / "dataset.versions").glob("*.partial"))
     assert validate_dataset(out, expect_segments=2).status == 0
     with open_store(store) as opened:  # the catalog caught up: every episode exported once, in order
-        assert [r.dataset_index for r in opened.catalog.attempts(("exported",))] == list(range(6))
+        assert [r.dataset_index for r in opened.attempts(("exported",))] == list(range(6))
 
 
 def test_foreign_and_mismatched_targets_are_refused_untouched(tmp_path):
@@ -205,9 +204,8 @@ def test_foreign_and_mismatched_targets_are_refused_untouched(tmp_path):
     with pytest.raises(SchemaMismatchError, match=r"observation\.images\.cam: 48x48 .* 32x32"):
         export_store(store2, out)
     assert tree_digest(out) == before
-    catalog = open_store(store2).catalog
-    assert [r.state for r in catalog.attempts()] == ["committed"]  # staging untouched
-    catalog.close()
+    with open_store(store2) as view:
+        assert [r.state for r in view.attempts()] == ["committed"]  # staging untouched
 
 
 def test_unwritable_or_full_target_is_a_clear_error_and_changes_nothing(tmp_path, monkeypatch):
@@ -220,19 +218,18 @@ def test_unwritable_or_full_target_is_a_clear_error_and_changes_nothing(tmp_path
     export_store(store, out)
     before = tree_digest(out)
     generate(store, 3)
-    import demoforge.storage.lerobot.export as exporter
+    import demoforge.storage.lerobot.version_builder as version_builder
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(exporter, "write_tasks", full_disk)
+    monkeypatch.setattr(version_builder, "write_tasks", full_disk)  # the version's end: its tasks file
     with pytest.raises(OSError, match="No space left"):
         export_store(store, out)
     monkeypatch.undo()
     assert tree_digest(out) == before and load(out).num_episodes == 2
-    catalog = open_store(store).catalog
-    assert sorted(r.state for r in catalog.attempts()) == ["committed", "exported", "exported"]
-    catalog.close()
+    with open_store(store) as view:
+        assert sorted(r.state for r in view.attempts()) == ["committed", "exported", "exported"]
     assert export_store(store, out).total_episodes == 3  # the next export completes it
 
 

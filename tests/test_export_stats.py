@@ -167,7 +167,7 @@ def test_verify_catches_tampered_statistics(recorded: Recorded, tmp_path: Path) 
     group.write_text(json.dumps(meta))
     with open_store(store) as view:
         _fp, staging = view.require_job()
-        row = next(r for r in view.catalog.attempts(("exported",)) if r.episode_id == group.parent.name)
+        row = next(r for r in view.attempts(("exported",)) if r.episode_id == group.parent.name)
         rehashed = staging.read_episode(row.episode_id, row.frames or 0, row.video_bytes).content_hash()
     db = sqlite3.connect(store / "catalog.sqlite")
     db.execute("UPDATE attempts SET content_hash = ? WHERE episode_id = ?", (rehashed, row.episode_id))
@@ -191,7 +191,7 @@ def test_episodes_staged_before_stats_export_with_lerobots_stats(staging_format:
     exported = exported_episode_stats(dataset)
     with open_store(store) as view:
         _fp, staging = view.require_job()
-        rows = view.catalog.attempts(("exported",))
+        rows = view.attempts(("exported",))
         staged = [staging.read_episode(r.episode_id, r.frames or 0, r.video_bytes) for r in rows]
     assert all(ep.stats is None for ep in staged)  # no recorded stats in these formats
     for episode, ep in enumerate(staged):
@@ -264,7 +264,7 @@ def test_data_parquet_table_is_what_datasets_builds(recorded: Recorded) -> None:
 
     with open_store(recorded.store) as view:
         fingerprint, staging = view.require_job()
-        rows = view.catalog.attempts(("exported",))
+        rows = view.attempts(("exported",))
         episodes: list[tuple[StagedEpisode, dict]] = [
             (staging.read_episode(r.episode_id, r.frames or 0, r.video_bytes), r.record or {}) for r in rows]
     features = dataset_features(fingerprint)

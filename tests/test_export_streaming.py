@@ -50,7 +50,7 @@ def test_export_refuses_to_start_without_the_space_it_needs(tmp_path: Path, monk
     store, out = tmp_path / "store", tmp_path / "dataset"
     run_job(toy(3), store)
     with open_store(store) as view:
-        needed = estimate_export_bytes(view.catalog.committed())
+        needed = estimate_export_bytes(view.committed())
     from demoforge.storage import write_errors
 
     monkeypatch.setattr(write_errors, "free_bytes", lambda _path: needed - 1)  # the disk is not ours to fill

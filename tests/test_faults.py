@@ -19,7 +19,6 @@ from demoforge.stages.contract import RecordedObservation
 from demoforge.stages.executor import derive_seed
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.store import open_store
-from demoforge.storage.store_verify import verify_store
 from helpers import committed_files
 
 H264 = VideoSettings(codec="h264")
@@ -54,7 +53,7 @@ def fault_tasks():
 
 def rows(store):
     with open_store(store) as view:
-        return view.catalog.attempts()
+        return view.attempts()
 
 
 def test_a_hanging_env_times_out_and_the_episode_is_retried_on_a_fresh_worker(tmp_path):
@@ -107,5 +106,4 @@ def test_catalog_killed_mid_transaction_rolls_back_and_recovery_cleans(tmp_path)
     after = committed_files(store)
     assert all(after[k] == v for k, v in before.items())
     with open_store(store) as view:
-        _fingerprint, staging = view.require_job()
-        assert verify_store(view.catalog, staging).ok
+        assert view.verify().ok

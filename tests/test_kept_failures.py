@@ -97,7 +97,7 @@ def test_failures_are_kept_apart_exported_on_request_and_replay_to_the_same_fail
     assert len(sidecar(tmp_path / "selected")) == len(failures)
 
     # the viewer lists each kept failure as one, in the store and in the dataset
-    from demoforge.storage.viewer.source import open_source
+    from demoforge.pipeline.viewer.source import open_source
 
     for path in (store, both):
         viewer = open_source(path)
@@ -131,7 +131,6 @@ def test_a_kill_while_failures_are_committed_leaves_each_whole_or_absent(tmp_pat
     flipping), then resumed: every kept failure verifies, none is kept twice, and the resumed job ends with
     exactly the failures an uninterrupted job keeps."""
     from demoforge.storage.store import open_store
-    from demoforge.storage.store_verify import verify_store
 
     store = tmp_path / "store"
     argv = demoforge_argv("generate", *ARGS, "--keep-failures", "--store", str(store))
@@ -153,9 +152,8 @@ def test_a_kill_while_failures_are_committed_leaves_each_whole_or_absent(tmp_pat
     final = rows(store)
     assert [(e, a) for e, a, _s, k, _c in final if k] == expected_failures()
     with open_store(store) as view:
-        _fingerprint, staging = view.require_job()
-        assert verify_store(view.catalog, staging).ok
-        assert not view.catalog.attempts(("staging",))
+        assert view.verify().ok
+        assert not view.attempts(("staging",))
 
 
 def _staging_or_done(store: Path) -> list[tuple]:

@@ -30,7 +30,7 @@ def committed_identity(store: Path) -> list[tuple]:
 
     with open_store(store) as view:
         return [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash, (r.record or {}).get("task"))
-                for r in view.catalog.committed()]
+                for r in view.committed()]
 
 
 # ------------------------------------------------------------------------------------------ the family

@@ -62,7 +62,7 @@ def test_two_stores_become_one_dataset_with_a_task_per_job(two_jobs: tuple[Path,
     ids = {}
     for store in (one, two):
         with open_store(store) as view:
-            ids[store] = view.catalog.store_id()
+            ids[store] = view.store_id()
     assert ids[one] and ids[two] and ids[one] != ids[two]
     assert [r["store_id"] for r in sidecar] == [ids[one], ids[one], ids[two]]
     assert [r["task_options"]["cycles"] for r in sidecar] == [1, 1, 2]

@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from demoforge.stages.executor import derive_seed, run_episodes
 from demoforge.stages.records import AttemptEnded, Frame
 from demoforge.storage.catalog import Catalog, JobMismatchError
 from demoforge.storage.store import open_store
-from demoforge.storage.staging import StagingStore
+from demoforge.storage.staging import StagingLayout, StagingStore
 from demoforge.storage.store import StoreError, StoreLockedError
 from demoforge.storage.store_verify import verify_store
 from helpers import decode_frames, psnr, read_row, run_cli
@@ -36,9 +37,10 @@ def toy(episodes: int, **kw) -> JobSpec:
 
 def open_staging(store, update: bool = False) -> tuple[Catalog, StagingStore]:
     """The store's catalog and staged episodes, read-only unless ``update`` (verify's quarantine writes)."""
-    view = open_store(store, "r+" if update else "r")
-    _fingerprint, staging = view.require_job()
-    return view.catalog, staging
+    catalog = Catalog.open_existing(store) if update else Catalog.open_read_only(store)
+    fingerprint = catalog.fingerprint()
+    assert fingerprint is not None
+    return catalog, StagingStore(Path(store), StagingLayout.from_fingerprint(fingerprint), read_only=True)
 
 
 def expected_episode(spec: JobSpec, episode_index: int):

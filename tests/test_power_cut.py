@@ -26,12 +26,10 @@ TOY = JobSpec(task="toy-point", episodes=2, task_options={"steps": 8, "size": 16
 
 def committed_and_verified(store: Path) -> tuple[int, bool]:
     from demoforge.storage.store import open_store
-    from demoforge.storage.store_verify import verify_store
 
     with open_store(store) as view:
-        _fingerprint, staged = view.require_job()
-        report = verify_store(view.catalog, staged, quarantine=False)
-        return len(view.catalog.committed()), report.ok
+        report = view.verify()
+        return len(view.committed()), report.ok
 
 
 def test_a_generated_store_survives_a_power_cut_right_after_generate_returns(tmp_path):
@@ -73,21 +71,24 @@ def test_a_published_export_survives_a_power_cut_right_after_export_returns(tmp_
 def test_a_catalog_commit_is_durable_as_soon_as_it_returns(tmp_path):
     """The catalog's SQLite settings (WAL, synchronous=FULL): a commit that returned survives the cut that
     follows at once (with synchronous=NORMAL in WAL mode it would not)."""
+    from demoforge.storage.catalog import Catalog
     from demoforge.storage.store import open_store
 
     fs = PowerCut(tmp_path / "disk", tmp_path / "mnt").mount()
     store = open_store(fs.mountpoint / "store", "w", fingerprint=TOY.fingerprint())
-    store.catalog.begin_attempt(0, 0, "ep00000000-a00", seed=7)
-    store.catalog.discard("ep00000000-a00", reason="test", terminal_reason="interrupted", counted=True)
+    catalog = Catalog(fs.mountpoint / "store")  # a writer's catalog, as the store opens it
+    catalog.begin_attempt(0, 0, "ep00000000-a00", seed=7)
+    catalog.discard("ep00000000-a00", reason="test", terminal_reason="interrupted", counted=True)
     fs.cut()
-    try:
-        store.close()
-    except Exception:  # noqa: BLE001 - the power is off: closing fails with EIO
-        pass
+    for opened in (catalog, store):
+        try:
+            opened.close()
+        except Exception:  # noqa: BLE001 - the power is off: closing fails with EIO
+            pass
     from demoforge.storage.store import open_store
 
     with open_store(tmp_path / "disk" / "store") as view:
-        rows = view.catalog.attempts()
+        rows = view.attempts()
     assert [(r.episode_id, r.state.value, r.reason) for r in rows] == [("ep00000000-a00", "discarded", "test")]
 
 

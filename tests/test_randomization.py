@@ -174,3 +174,28 @@ def test_widened_initial_states_reach_beyond_the_default_range() -> None:
     finally:
         wide.close()
     assert max(offsets) > 0.15 + 0.01 and max(offsets) <= 0.225 + 1e-6
+
+
+def test_an_appearance_variant_is_asked_only_of_a_task_that_draws_variants() -> None:
+    """Replay and rerender draw a scene through one typed door (``draw_randomization``): variant 0 of any
+    randomizing task is its plain draw; another variant of a task whose ``demo_randomize`` takes no variant is
+    refused naming it, and a task that randomizes nothing draws nothing."""
+    from demoforge.stages.contract import TaskProtocolError
+    from demoforge.stages.task_protocol import draw_randomization
+
+    class PlainDraw:
+        def demo_randomize(self, seed: int) -> dict[str, Any]:
+            return {"seed": seed}
+
+    assert draw_randomization(PlainDraw(), 7) == {"seed": 7}
+    with pytest.raises(TaskProtocolError, match=r"PlainDraw.demo_randomize takes no appearance variant \(asked for "
+                                                r"variant 2\)"):
+        draw_randomization(PlainDraw(), 7, 2)
+    assert draw_randomization(object(), 7, 2) is None
+    env = get_task("fetch-pick-place").build({"image_size": 64, "randomize": "lighting"})
+    try:
+        variant = draw_randomization(env, 7, 1)
+        assert draw_randomization(env, 7) == draw_randomization(env, 7, 0) != variant
+        assert variant is not None and variant["variant"] == 1
+    finally:
+        env.close()

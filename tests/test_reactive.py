@@ -175,3 +175,13 @@ def test_return_branch_is_per_thread() -> None:
     thread.start()
     thread.join()
     assert seen == [2] and probe.last() == 0
+
+
+def test_return_branch_refuses_a_python_it_is_not_tested_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It reads CPython bytecode: on another version it says so, typed, before watching anything."""
+    from demoforge.pipeline import reactive
+
+    monkeypatch.setattr(reactive, "RETURN_BRANCH_PYTHONS", ((3, 11),))
+    with pytest.raises(reactive.ReturnBranchUnsupported, match=r"CPython 3\.11 bytecode; this is cpython 3\.12") as info:
+        ReturnBranch(_branchy)
+    assert info.value.version == (3, 12) and info.value.implementation == "cpython"

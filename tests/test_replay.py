@@ -242,7 +242,7 @@ def staged_episode(store, episode_id):
 
     with open_store(store) as view:
         fingerprint, staging = view.require_job()
-        row = next(r for r in view.catalog.committed() if r.episode_id == episode_id)
+        row = next(r for r in view.committed() if r.episode_id == episode_id)
         return fingerprint, read_row(staging, row)
 
 

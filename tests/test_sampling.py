@@ -333,11 +333,12 @@ def test_online_sampler_reads_committed_frames_never_blocks_and_drops_quarantine
         # A reader in the middle of a read transaction (as inside refresh) never blocks the writer (WAL): the
         # write commits at once (a blocked writer would wait for the 30 s busy timeout, then fail).
         assert sampler.store is not None
-        reader = sampler.store.catalog
+        reader = Catalog.open_read_only(store)  # a reader as the sampler's own (open_store mode "r")
         with reader.snapshot():
             assert reader.count(AttemptState.QUARANTINED) == 0
             catalog.quarantine(committed[0], "test: corrupt")  # blocked, it would fail: "database is locked" after 30 s
             assert reader.count(AttemptState.QUARANTINED) == 0
+        reader.close()
         sampler.refresh()
         assert sorted(sampler.episode_ids) == sorted(committed[1:])
         assert committed[0] not in {w.episode_id for w in sampler.sample(500)}
@@ -356,7 +357,7 @@ def test_online_sampler_before_the_store_exists(tmp_path):
 def _catalog_rows(store):
     """(episode_id, state, frames, updated_at) of every attempt, read on a read-only connection."""
     with open_store(store) as view:
-        return [(r.episode_id, r.state, r.frames, r.updated_at) for r in view.catalog.attempts()]
+        return [(r.episode_id, r.state, r.frames, r.updated_at) for r in view.attempts()]
 
 
 @pytest.mark.slow
@@ -438,7 +439,7 @@ def test_online_windows_come_with_the_labels_the_offline_sampler_gives(exported)
         labels = sampler.labels(windows)
         frames = sampler.read_windows(windows)
         assert sampler.store is not None
-        records = {r.episode_id: r for r in sampler.store.catalog.committed()}
+        records = {r.episode_id: r for r in sampler.store.committed()}
     assert labels["segment_id"].tolist() == frames["annotation.segment_id"].tolist()
     for w, window in enumerate(windows):
         row = records[window.episode_id]

@@ -29,7 +29,6 @@ from demoforge.storage.catalog import Catalog
 from demoforge.storage.store import open_store
 from demoforge.storage.schema import AttemptState
 from demoforge.storage.staging import VIDEO_SHARD_BYTES, staged_episode_ids
-from demoforge.storage.store_verify import verify_store
 from helpers import attempt_marks_of, attempts_mid_episode, attempts_now, cli_env, demoforge_argv
 
 # The Ray clusters live as long as this file's tests (conftest.ray_nodes, and conftest.ray_token_cluster for the
@@ -50,18 +49,16 @@ SLOW_COMMIT = "commit:0.3"
 
 def identity(store: Path) -> list[tuple]:
     with open_store(store) as view:
-        return [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash) for r in view.catalog.committed()]
+        return [(r.episode_index, r.attempt, r.seed, r.frames, r.content_hash) for r in view.committed()]
 
 
 def check_store(store: Path) -> Catalog:
     """No attempt left staging, no staged folder without a committed row, every committed episode verifies."""
-    view = open_store(store)
-    _fingerprint, staging = view.require_job()
-    catalog = view.catalog
-    assert not catalog.attempts((AttemptState.STAGING,))
-    assert set(staged_episode_ids(store)) == {r.episode_id for r in catalog.committed()}
-    assert verify_store(catalog, staging).ok
-    return catalog
+    with open_store(store) as view:
+        assert not view.attempts((AttemptState.STAGING,))
+        assert set(staged_episode_ids(store)) == {r.episode_id for r in view.committed()}
+        assert view.verify().ok
+    return Catalog.open_read_only(store)
 
 
 def thread_run(store: Path, *args: str) -> list[tuple]:
@@ -455,7 +452,7 @@ def test_a_slow_writer_slows_the_workers_and_memory_stays_bounded(tmp_path, monk
     assert report.frames_this_run == produced and report.committed_total == episodes  # nothing dropped
     assert elapsed >= produced * delay  # the writer paced the run
     with open_store(tmp_path / "store") as view:
-        encoded = sum(sum(r.video_bytes.values()) for r in view.catalog.committed())
+        encoded = sum(sum(r.video_bytes.values()) for r in view.committed())
     per_frame = encoded / produced
     # What the driver may hold: two queues of queue_frames records plus, per worker, the pieces in flight
     # (max_in_flight + the one being forwarded) of batch_frames frames (x2 for per-record overhead); the
@@ -662,6 +659,7 @@ def test_an_encoder_failure_in_a_worker_fails_that_attempt_and_the_next_one_enco
     that attempt as an error naming the worker (its frames never reach the driver), the lanes are replaced, and
     the next attempt's frames and video tail come whole from fresh encoders (their bytes decode to every frame)."""
     from demoforge.pipeline.workers.episode_worker import EpisodeWorker, WorkerSpec
+    from demoforge.stages.recipe import WorkerRecipe
     from demoforge.stages import camera_encoder
     from demoforge.stages.records import AttemptEnded, EncodedFrame, VideoTail
     from helpers import decode_frames
@@ -677,9 +675,9 @@ def test_an_encoder_failure_in_a_worker_fails_that_attempt_and_the_next_one_enco
     monkeypatch.setattr(camera_encoder.CameraEncoder, "encode", failing)
     options = {**toy_tasks.DEFAULTS, "steps": 12}
     info = toy_tasks.describe(options)
-    worker = EpisodeWorker(WorkerSpec(task="toy-point", task_options=options, job_seed=0, max_attempts=3,
-                                      video=VideoSettings(codec="h264"), cameras=info.cameras, fps=info.fps,
-                                      batch_frames=4))
+    recipe = WorkerRecipe(task="toy-point", job_seed=0, max_attempts=3, video=VideoSettings(codec="h264"),
+                          cameras=info.cameras, fps=info.fps)
+    worker = EpisodeWorker(WorkerSpec(recipe, task_options=options, batch_frames=4))
     try:
         records = [r for piece in worker.run_lease(0, 0) for r in piece.records]
     finally:

@@ -35,6 +35,7 @@ from demoforge.stages.records import (
     StagedAttempt,
     VideoTail,
 )
+from demoforge.stages.recipe import WorkerRecipe
 from demoforge.stages.step import StepSettings, step_stage
 from demoforge.stages.write import write_stage
 from demoforge.storage.catalog import ResumeState
@@ -151,8 +152,9 @@ def step_task(env_factory, assignments, send, stop, **extra):
     """The step stage on toy-point envs from ``env_factory``, as a task group's callable. Its encoders keep
     up with the env (``encode_lag=0``) unless a test says otherwise."""
     extra = {"encode_lag": 0, **extra}
-    settings = StepSettings(task="toy-point", job_seed=0, max_attempts=3, cameras=INFO.cameras, fps=INFO.fps,
-                            video=H264, **extra)
+    recipe = WorkerRecipe(task="toy-point", job_seed=0, max_attempts=3, cameras=INFO.cameras, fps=INFO.fps,
+                          video=H264)
+    settings = StepSettings(recipe, **extra)
     return lambda: step_stage(0, env_factory, settings, assignments, send, StageContext(stop=stop))
 
 
@@ -511,7 +513,7 @@ async def test_write_stages_committable_attempts_and_passes_discarded_ones_throu
             assert episode.content_hash() == item.content_hash and len(episode.reward) == STEPS
         assert staged[2].video_bytes == {} and staged[2].content_hash is None
         # Every attempt has its catalog row, still staging: only the commit stage decides.
-        assert {r.state for r in store.catalog.attempts()} == {"staging"} and len(store.catalog.attempts()) == 3
+        assert {r.state for r in store.attempts()} == {"staging"} and len(store.attempts()) == 3
         assert [r for r in out if not isinstance(r, StagedAttempt)] == \
             [r for r in encoded if isinstance(r, EpisodeAbandoned)]
     finally:
@@ -585,7 +587,7 @@ async def test_commit_commits_discards_and_reports_each_outcome_to_the_planner(t
             await commit_stage(receive, store=store, planner=planner,
                                on_outcome=seen.append)
         assert [s.ended.result.committable for s in seen] == [True, True, False]
-        rows = {r.episode_id: r for r in store.catalog.attempts()}
+        rows = {r.episode_id: r for r in store.attempts()}
         committed = [s.ended.key.episode_id for s in seen[:2]]
         assert [rows[e].state for e in committed] == ["committed", "committed"]
         assert [rows[e].content_hash for e in committed] == [s.content_hash for s in seen[:2]]
@@ -611,7 +613,7 @@ async def test_commit_stops_at_end_of_stream_and_on_cancellation_without_committ
                                                    planner=planner))
                 await anyio.wait_all_tasks_blocked()
                 tg.cancel_scope.cancel()  # waiting for input: cancelled, nothing half done
-        assert {r.state for r in store.catalog.attempts()} == {"staging"}
+        assert {r.state for r in store.attempts()} == {"staging"}
         with pytest.raises(anyio.BrokenResourceError):  # the cancelled stage closed its input
             send.send_nowait(staged[-1])
     finally:

@@ -48,24 +48,26 @@ def test_a_reader_refuses_every_write_and_changes_nothing(store):
     before = digest(store / CATALOG_FILE)
     with open_store(store) as view:
         assert view.read_only and view.fingerprint == SPEC.fingerprint()
-        rows = view.catalog.committed()
+        rows = view.committed()
         assert [r.state for r in rows] == [AttemptState.COMMITTED] * 2
         staging = view.staging
         assert staging is not None
-        writes = [lambda: view.catalog.quarantine(rows[0].episode_id, "x"),
-                  lambda: view.catalog.mark_exported({rows[0].episode_id: 0}),
-                  lambda: view.catalog.begin_attempt(9, 0, "ep00000009-a00", 1),
-                  lambda: view.catalog.bind_job(SPEC.fingerprint()),
-                  lambda: view.catalog.log_recovery("x", "y"),
+        catalog = Catalog.open_read_only(store)  # what a reader's store holds: the catalog itself refuses too
+        writes = [lambda: view.quarantine(rows[0].episode_id, "x"),
+                  lambda: view.mark_exported({rows[0].episode_id: 0}),
+                  lambda: catalog.begin_attempt(9, 0, "ep00000009-a00", 1),
+                  lambda: catalog.bind_job(SPEC.fingerprint()),
+                  lambda: catalog.log_recovery("x", "y"),
                   lambda: staging.delete_episode(rows[0].episode_id),
                   lambda: staging.open_episode("ep00000009-a00")]
         for write in writes:
             with pytest.raises(ReadOnlyError, match=f"cannot .* {store}.* is open read-only") as info:
                 write()
             assert isinstance(info.value, StoreError)
+        catalog.close()
         assert read_row(staging, rows[0]).action.shape[0] == 12
     assert digest(store / CATALOG_FILE) == before
-    assert [r.state for r in open_store(store, "r+").catalog.committed()] == [AttemptState.COMMITTED] * 2
+    assert [r.state for r in open_store(store, "r+").committed()] == [AttemptState.COMMITTED] * 2
 
 
 def test_reading_an_unfinished_store_adds_no_schema(tmp_path):
@@ -73,8 +75,8 @@ def test_reading_an_unfinished_store_adds_no_schema(tmp_path):
     file stays as it was (the old read path added tables to it)."""
     (tmp_path / CATALOG_FILE).write_bytes(b"")
     with open_store(tmp_path) as view:
-        assert view.fingerprint is None and view.staging is None and view.catalog.committed() == []
-        assert view.catalog.summary()["committed_frames"] == 0
+        assert view.fingerprint is None and view.staging is None and view.committed() == []
+        assert view.summary()["committed_frames"] == 0
         with pytest.raises(StoreError, match="holds no job yet"):
             view.require_job()
     status = run_cli("status", "--store", str(tmp_path), "--json")
@@ -120,7 +122,7 @@ def test_the_export_marker_round_trips_and_a_foreign_one_is_refused(tmp_path, st
     marker = ExportMarker.from_json(raw)
     assert marker.to_json() == raw and marker.total_episodes == 2
     assert marker.dataset_indices() == {r.episode_id: r.dataset_index
-                                        for r in open_store(store).catalog.attempts(("exported",))}
+                                        for r in open_store(store).attempts(("exported",))}
     del raw["next_files"]
     with pytest.raises(MarkerError, match="'next_files' is missing"):
         ExportMarker.from_json(raw)

@@ -124,7 +124,7 @@ def test_a_process_worker_records_what_the_thread_executor_records_and_it_replay
 
 
 def test_the_viewer_lists_each_episode_with_its_segments(job):
-    from demoforge.storage.viewer.source import open_source
+    from demoforge.pipeline.viewer.source import open_source
 
     _store, dataset = job
     source = open_source(dataset)

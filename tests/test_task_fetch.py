@@ -213,7 +213,7 @@ def test_two_env_threads_render_at_once_without_crashing_and_commit_what_one_doe
 
     def identity(store):
         with open_store(store) as view:
-            return [(r.episode_index, r.seed, r.frames, r.content_hash) for r in view.catalog.committed()]
+            return [(r.episode_index, r.seed, r.frames, r.content_hash) for r in view.committed()]
 
     args = ("generate", "--task", "fetch-pick-place", "--episodes", "6", "--option", "cycles=1",
             "--option", "antialias=false", "--codec", "h264", "--max-attempts", "1")

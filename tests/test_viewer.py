@@ -33,8 +33,8 @@ from demoforge.stages.contract import RecordedObservation
 from demoforge.stages.executor import derive_seed
 from demoforge.storage.catalog import Catalog
 from demoforge.storage.lerobot.export import export_store
-from demoforge.storage.viewer.server import ViewerServer
-from demoforge.storage.viewer.source import open_source
+from demoforge.pipeline.viewer.server import ViewerServer
+from demoforge.pipeline.viewer.source import open_source
 from helpers import REPO, cli_env, demoforge_argv, read_row, run_cli
 
 pytestmark = pytest.mark.slow
@@ -280,7 +280,7 @@ def test_reject_button_marks_episodes_beside_the_dataset(fetch, browser, tmp_pat
     assert sorted((p.name, p.stat().st_size) for p in dataset.resolve().rglob("*")) == before
     # A static folder shows the list but cannot change it: the button is disabled.
     site = tmp_path / "site"
-    from demoforge.storage.viewer.static_site import write_site
+    from demoforge.pipeline.viewer.static_site import write_site
 
     with contextlib.closing(open_source(dataset)) as opened:
         write_site(opened, site)
@@ -484,7 +484,7 @@ def depth_fetch(tmp_path_factory):
     codes, ids = {}, {}
     with open_store(store) as view:
         fingerprint, staging = view.require_job()
-        for row in view.catalog.committed():
+        for row in view.committed():
             staged = read_row(staging, row)
             codes[row.dataset_index] = np.stack(list(depth_video.iter_codes(staged.video["front_depth"])))
             ids[row.dataset_index] = row.episode_id
@@ -593,7 +593,7 @@ def test_depth_previews_from_store_and_dataset_are_colour_mapped_h264_and_nothin
 def test_a_broken_depth_video_is_a_clear_error_not_a_crash(depth_fetch, tmp_path):
     """A dataset whose depth file was cut short: the episode's page request fails (500) while the server lives
     on and its RGB files are still served; ``--html`` stops with a few lines naming the episode and camera."""
-    from demoforge.storage.viewer.files import ViewerError
+    from demoforge.pipeline.viewer.files import ViewerError
 
     root = tmp_path / "cut"
     shutil.copytree(depth_fetch["dataset"].resolve(), root)
@@ -838,7 +838,7 @@ def test_a_built_wheel_carries_the_page(tmp_path):
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
                                 str(wheel)], capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stderr
-    probe = ("import demoforge.storage.viewer.pages as p, sys; assets = p.load_assets(); "
+    probe = ("import demoforge.pipeline.viewer.pages as p, sys; assets = p.load_assets(); "
              "print(p.__file__); print(sorted((k, len(v)) for k, v in assets.items()))")
     env = {**cli_env(), "PYTHONPATH": str(target)}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120,
@@ -846,5 +846,5 @@ def test_a_built_wheel_carries_the_page(tmp_path):
     assert out.returncode == 0, out.stderr
     where, sizes = out.stdout.splitlines()
     assert where.startswith(str(target))
-    static = REPO / "storage/viewer/static"
+    static = REPO / "pipeline/viewer/static"
     assert sizes == str(sorted((p.name, p.stat().st_size) for p in static.iterdir()))

@@ -122,7 +122,7 @@ def attempts_of(store: Path) -> tuple[int, int]:
     """(successes, attempts) of a store's job: committed episodes, and those plus every counted discard (an
     attempt a kill interrupted is not counted: it is retried)."""
     with open_store(store) as view:
-        rows = view.catalog.attempts()
+        rows = view.attempts()
     good = sum(1 for r in rows if r.state in READABLE_STATES and not r.kept_failure)
     failed = sum(1 for r in rows if (r.state == AttemptState.DISCARDED and r.counted) or r.kept_failure)
     return good, good + failed

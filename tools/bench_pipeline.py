@@ -376,7 +376,7 @@ def count_demoforge(result: dict[str, Any]) -> dict[str, Any]:
     """What the store holds: catalog frames per episode, and the staged videos' frames (demuxed, checksummed)."""
     store = result.pop("out")
     with open_store(store) as view:
-        rows = view.catalog.committed()
+        rows = view.committed()
         _fingerprint, staging = view.require_job()
         video_frames = {c: 0 for c in staging.layout.camera_names}
         for row in rows:

@@ -132,7 +132,7 @@ def video_bytes_per_frame(store: Path) -> float:
     from demoforge.storage.store import open_store
 
     with open_store(store) as opened:
-        rows = opened.catalog.committed()
+        rows = opened.committed()
     return sum(sum(r.video_bytes.values()) for r in rows) / max(1, sum(r.frames or 0 for r in rows))
 
 

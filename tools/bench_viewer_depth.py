@@ -31,8 +31,8 @@ from demoforge.pipeline.job import JobSpec  # noqa: E402
 from demoforge.pipeline.runner import run_job  # noqa: E402
 from demoforge.storage import depth as depth_video  # noqa: E402
 from demoforge.storage.store import open_store  # noqa: E402
-from demoforge.storage.viewer.depth_preview import encode_preview  # noqa: E402
-from demoforge.storage.viewer.remux import remux_to_mp4  # noqa: E402
+from demoforge.pipeline.viewer.depth_preview import encode_preview  # noqa: E402
+from demoforge.pipeline.viewer.remux import remux_to_mp4  # noqa: E402
 
 
 def main() -> None:
@@ -60,7 +60,7 @@ def main() -> None:
             print(f"load average {os.getloadavg()[0]:.2f}; medians of {args.repeat} round(s)")
             print(f"{'episode':<16}{'frames':>7}{'size':>10}{'decode s':>10}{'encode s':>10}{'preview s':>11}"
                   f"{'rgb remux s':>13}{'ratio':>7}{'preview kB':>12}")
-            for row in view.catalog.committed():
+            for row in view.committed():
                 staged = staging.read_episode(row.episode_id, row.frames or 0, row.video_bytes)
                 cam = depth_cams[0]
                 decode, encode, remux, size = [], [], [], 0

@@ -150,7 +150,7 @@ def read_rows(store: Path) -> list[dict[str, Any]] | None:
         return None
     try:
         with open_store(store) as view:
-            rows = sorted(view.catalog.attempts(), key=lambda r: r.row_id)
+            rows = sorted(view.attempts(), key=lambda r: r.row_id)
     except Exception:  # a catalog a killed or starting process is creating right now: read it again later
         return None
     return [{"episode_index": r.episode_index, "attempt": r.attempt, "episode_id": r.episode_id, "state": r.state,

@@ -393,14 +393,12 @@ class PowerCutCampaign(cc.Campaign):
                 trial.bad("cut_state_verifies", f"cut {len(trial.cuts)}: the catalog cannot be read after the cut")
             return
         from demoforge.storage.store import open_store
-        from demoforge.storage.store_verify import verify_store
 
         try:
             with open_store(store) as view:
                 if view.fingerprint is None:
                     return
-                _fingerprint, staged = view.require_job()
-                report = verify_store(view.catalog, staged, quarantine=False)
+                report = view.verify()
         except Exception as exc:
             trial.bad("cut_state_verifies", f"cut {len(trial.cuts)}: the store cannot be opened: "
                                             f"{type(exc).__name__}: {exc}")

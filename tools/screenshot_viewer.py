@@ -40,8 +40,8 @@ def photograph(dataset: Path, out: Path, width: int, height: int, episode: int, 
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.wait import WebDriverWait
 
-    from demoforge.storage.viewer.server import ViewerServer
-    from demoforge.storage.viewer.source import open_source
+    from demoforge.pipeline.viewer.server import ViewerServer
+    from demoforge.pipeline.viewer.source import open_source
 
     source = open_source(dataset)
     server = ViewerServer(source, "127.0.0.1", 0).start()

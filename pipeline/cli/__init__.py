@@ -105,7 +105,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from demoforge.storage.lerobot.export import ExportError
     from demoforge.storage.lerobot.repair import RepairError
     from demoforge.storage.staging import StagingFormatError
-    from demoforge.storage.viewer.files import ViewerError
+    from demoforge.pipeline.viewer.files import ViewerError
 
     return (JobConfigError, TaskOptionError, TaskDefinitionError, UnknownTaskError, JobMismatchError, StoreError,
             ExportError, DaemonConfigError, ViewerError, ReplayInputError, ExecutorError, StagingFormatError,

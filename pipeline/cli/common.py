@@ -176,6 +176,7 @@ def control_spec(args: argparse.Namespace) -> Any:
         parse_takeover,
     )
     from demoforge.stages.settings import JobConfigError
+    from demoforge.pipeline.flags import control_message
 
     policy_only = {"--beta": args.beta, "--takeover": args.takeover, "--policy-timeout": args.policy_timeout}
     if args.noise is None and args.driver is None and all(v is None for v in policy_only.values()):
@@ -201,7 +202,7 @@ def control_spec(args: argparse.Namespace) -> Any:
                            takeover=parse_takeover(args.takeover) if args.takeover is not None else None,
                            policy_timeout_s=timeout or None)
     except ControlError as exc:
-        raise JobConfigError(str(exc)) from None
+        raise JobConfigError(control_message(exc)) from None
 
 
 def parse_options(items: Sequence[str]) -> dict[str, Any]:

@@ -30,9 +30,8 @@ def add_convert_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from demoforge.storage.convert import convert
-    from demoforge.storage.faults import export_pause
 
-    report = convert(args.dataset, args.format, args.out, pause=export_pause())
+    report = convert(args.dataset, args.format, args.out)
     out = make_console()
     out.print(f"converted {report.episodes} episode(s), {report.frames} frames of {args.dataset} to {report.format} "
               f"at {report.out} ({report.bytes / 1e6:.1f} MB, {report.seconds:.1f} s)")

@@ -12,7 +12,6 @@ from typing import Any
 from rich.console import Console
 
 from demoforge.pipeline.cli.common import EXIT_OK, add_command, make_console
-from demoforge.storage.faults import export_pause
 from demoforge.storage.lerobot.episode_filter import FilterError, describe_fields, parse_filter
 
 # Imported where used: the editor and its dataset reader (they load zarr, PyAV and pyarrow), which
@@ -91,7 +90,7 @@ def cmd_edit(args: argparse.Namespace) -> int:
     from demoforge.storage.lerobot.edit_selection import parse_split, read_replay_report
     from demoforge.storage.lerobot.edit_source import EditError, open_dataset
     from demoforge.storage.lerobot.edit_trim import parse_trim
-    from demoforge.storage.lerobot.edit import edit_dataset
+    from demoforge.storage.lerobot.edit import EditOutputs, EditRules, edit_dataset
 
     if not (args.delete or args.delete_rejected or args.keep_where or args.task or args.split or args.out
             or args.trim):
@@ -105,12 +104,12 @@ def cmd_edit(args: argparse.Namespace) -> int:
     except FilterError as exc:
         raise EditError(f"{exc}\nfields:\n{describe_fields()}") from None
     replay = read_replay_report(args.replay_report, open_dataset(args.dataset)) if args.replay_report else None
-    report = edit_dataset(args.dataset, delete=args.delete, delete_rejected=args.delete_rejected,
-                          keep_where=keep_where, task=args.task, replay=replay, out=args.out,
-                          split=parse_split(args.split) if args.split else None, seed=args.seed,
-                          stratify=args.stratify, out_root=args.out_root, repo_id=args.repo_id, dry_run=args.dry_run,
-                          again=args.again, progress=_edit_progress(make_console(stderr=True)),
-                          stage_pause=export_pause(), trim=trim)
+    rules = EditRules(delete=args.delete, delete_rejected=args.delete_rejected, keep_where=keep_where,
+                      task=args.task, replay=replay, trim=trim)
+    outputs = EditOutputs(out=args.out, split=parse_split(args.split) if args.split else None,
+                          out_root=args.out_root, seed=args.seed, stratify=args.stratify, repo_id=args.repo_id)
+    report = edit_dataset(args.dataset, rules, outputs, dry_run=args.dry_run, again=args.again,
+                          progress=_edit_progress(make_console(stderr=True)))
     return _print_edit(report, args, "edit")
 
 
@@ -118,7 +117,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from demoforge.storage.lerobot.edit import merge_datasets
 
     report = merge_datasets(args.datasets, args.out, repo_id=args.repo_id, dry_run=args.dry_run,
-                            progress=_edit_progress(make_console(stderr=True)), stage_pause=export_pause())
+                            progress=_edit_progress(make_console(stderr=True)))
     return _print_edit(report, args, "merge")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from demoforge.pipeline.cli.common import EXIT_OK, add_command, make_console
 from demoforge.pipeline.export_child import ChildChannel
-from demoforge.storage.faults import export_pause
+from demoforge.storage.faults import ExportStep, reach
 from demoforge.storage.schema import INCLUDE_CHOICES
 
 # Imported where used: the exporter and the validator (they load zarr, PyAV and LeRobot's readers), which
@@ -60,13 +60,9 @@ def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: boo
     from demoforge.storage.lerobot.export import export_stores
 
     console = make_console(stderr=True)
-    fault = export_pause()
 
-    def step(name: str) -> None:  # tests pause or hang an export at its steps
-        if channel is not None:
-            channel.event("step", step=name)
-        if fault is not None:
-            fault(name)
+    def step(reached: ExportStep) -> None:  # a watching parent counts the steps as progress
+        channel.event("step", step=reached.value)
 
     def progress(done: int, total: int) -> None:
         if channel is not None:
@@ -74,14 +70,15 @@ def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: boo
         if console.is_terminal or done == total or done % 50 == 0:
             console.print(f"exported {done}/{total}")
 
-    report = export_stores(stores, out, repo_id=repo_id, stage_pause=step, progress=progress,
+    on_step = step if channel is not None else None
+    report = export_stores(stores, out, repo_id=repo_id, on_step=on_step, progress=progress,
                           on_published=None if channel is None else
                           lambda r: channel.event("published", **_report_fields(r)), include=include)
     if channel is not None:
         channel.event("report", **_report_fields(report))
     if json_report:  # one line, for scripts (a watched export child also reports on its channel)
         print(json.dumps(_report_fields(report)))
-        step("after_report")
+        reach(ExportStep.AFTER_REPORT, on_step)
         return EXIT_OK
     out_console = make_console()
     if report.pruned_elsewhere:
@@ -104,7 +101,7 @@ def _export(stores: list[Path], out: Path, repo_id: str | None, json_report: boo
     else:
         out_console.print(f"nothing new to export; {out} holds {report.total_episodes} episode(s), "
                           f"{report.total_frames} frames")
-    step("after_report")
+    reach(ExportStep.AFTER_REPORT, on_step)
     return EXIT_OK
 
 

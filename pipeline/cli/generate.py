@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from demoforge.pipeline.cli.common import (
     task_options,
 )
 from demoforge.pipeline.export_child import DEFAULT_PROGRESS_TIMEOUT_S, export_in_child
+from demoforge.pipeline.flags import runaway_message
 from demoforge.pipeline.job import DEFAULT_MAX_CONSECUTIVE_ABANDONED, ENCODER_PRIORITY_CHOICES, JobSpec, VideoSettings
 from demoforge.pipeline.workers.config import ExecutorConfig
 
@@ -117,17 +120,52 @@ def _job_spec(args: argparse.Namespace) -> JobSpec:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from demoforge.pipeline.runner import JobRunner, JobStats
+    from demoforge.pipeline.runner import JobRunner
 
     executor = _executor_config(args)
     spec = _job_spec(args)
     console = make_console(stderr=True)
-    progress = job_progress(console)
-    last_line = [0.0]
-    finished_tasks: set[str] = set()
+    progress = _Progress(console)
+    runner = JobRunner(spec, args.store, progress.update, on_outcome=_json_commits(args.json_logs), executor=executor,
+                       on_event=lambda line: console.print(line, markup=False, highlight=False))
+    if runner.info.suite:
+        console.print(f"{spec.task}: {len(runner.info.suite)} tasks x {spec.episodes} episode(s) = {runner.target}",
+                      markup=False)
+    with progress.shown(spec.task, runner.target):
+        import anyio  # here: `demoforge --help` and the store commands need none of it
 
-    def on_progress(stats: JobStats) -> None:
-        target = stats.target
+        report = anyio.run(lambda: runner.run(handle_signals=True))
+    _print_report(args, spec, report)
+    failed = _stopped_itself(spec, report)
+    if failed is not None:
+        return failed
+    if not report.complete:
+        make_console().print(f"re-run the same command to resume: {report.target - report.committed_total} "
+                             "episode(s) to go")
+    elif args.export is not None:
+        return export_after_job(args.store, args.export, args.repo_id, args.export_timeout)
+    return EXIT_OK if report.complete or report.interrupted else EXIT_FAIL
+
+
+class _Progress:
+    """The job's progress bar, a line per suite task as it completes, and a line every 5 s without a terminal."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.progress = job_progress(console)
+        self.bar: Any = None
+        self.last_line = 0.0
+        self.finished_tasks: set[str] = set()
+
+    @contextmanager
+    def shown(self, task: str, target: int) -> Iterator[None]:
+        self.bar = self.progress.add_task(f"{task}", total=target, detail="")
+        with self.progress:
+            self.progress.update(self.bar, completed=0)
+            yield
+
+    def update(self, stats: Any) -> None:
+        target, console = stats.target, self.console
         detail = (f"discarded {sum(stats.discarded.values())}  {stats.frames_per_s():.0f} frames/s  "
                   f"queues {stats.queue_depths()}")
         if stats.per_task:  # a suite: the task being worked on, and a line for each task as it completes
@@ -135,37 +173,34 @@ def cmd_generate(args: argparse.Namespace) -> int:
             if working is not None:
                 detail = f"{working} {stats.per_task[working]}/{stats.per_task_target}  {detail}"
             for task, count in stats.per_task.items():
-                if count >= stats.per_task_target and task not in finished_tasks:
-                    finished_tasks.add(task)
+                if count >= stats.per_task_target and task not in self.finished_tasks:
+                    self.finished_tasks.add(task)
                     console.print(f"{task}: {count}/{stats.per_task_target} committed", markup=False)
-        progress.update(bar, completed=min(stats.total_committed, target), detail=detail)
+        self.progress.update(self.bar, completed=min(stats.total_committed, target), detail=detail)
         if not console.is_terminal:
-            if time.monotonic() - last_line[0] > 5 or stats.total_committed >= target:
-                last_line[0] = time.monotonic()
+            if time.monotonic() - self.last_line > 5 or stats.total_committed >= target:
+                self.last_line = time.monotonic()
                 console.print(f"committed {stats.total_committed}/{target}  {detail}", markup=False)
 
-    on_outcome = None
-    if args.json_logs:  # one JSON line per commit, on stderr, once the episode is durable
-        from demoforge.pipeline.daemon import EventLog
 
-        events = EventLog(True)
+def _json_commits(json_logs: bool) -> Callable[[Any], None] | None:
+    """``--json-logs``: one JSON line per commit, on stderr, once the episode is durable."""
+    if not json_logs:
+        return None
+    from demoforge.pipeline.daemon import EventLog
 
-        def on_outcome(item) -> None:
-            if item.ended.result.committable:
-                events.emit("episode_committed", episode=item.ended.key.episode_id,
-                            index=item.ended.key.episode_index, frames=item.ended.frames)
+    events = EventLog(True)
 
-    runner = JobRunner(spec, args.store, on_progress, on_outcome=on_outcome, executor=executor,
-                       on_event=lambda line: console.print(line, markup=False, highlight=False))
-    if runner.info.suite:
-        console.print(f"{spec.task}: {len(runner.info.suite)} tasks x {spec.episodes} episode(s) = {runner.target}",
-                      markup=False)
-    bar = progress.add_task(f"{spec.task}", total=runner.target, detail="")
-    with progress:
-        progress.update(bar, completed=0)
-        import anyio  # here: `demoforge --help` and the store commands need none of it
+    def on_outcome(item: Any) -> None:
+        if item.ended.result.committable:
+            events.emit("episode_committed", episode=item.ended.key.episode_id,
+                        index=item.ended.key.episode_index, frames=item.ended.frames)
 
-        report = anyio.run(lambda: runner.run(handle_signals=True))
+    return on_outcome
+
+
+def _print_report(args: argparse.Namespace, spec: JobSpec, report: Any) -> None:
+    """What the run did: recovery, committed, discarded and abandoned, kept failures, a suite's short tasks."""
     out = make_console()
     out.print(report.recovery.describe())
     discarded = ", ".join(f"{k}={v}" for k, v in sorted(report.discarded.items())) or "none"
@@ -184,11 +219,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
                       + (f", {task.abandoned} episode(s) abandoned (all {spec.max_attempts} attempts failed, "
                          "--max-attempts)" if task.abandoned else "")
                       + (", given up: too many abandoned in a row" if task.runaway else ""), markup=False)
+
+
+def _stopped_itself(spec: JobSpec, report: Any) -> int | None:
+    """EXIT_FAIL, said on stderr, when the job (or tasks of its suite) gave up after too many abandoned episodes."""
     given_up = [t for t in report.per_task if t.runaway is not None]
     if given_up:
         make_console(stderr=True).print(
             f"demoforge generate: error: gave up {len(given_up)} task(s) of the suite; "
-            + "; ".join(f"{t.task}: {t.runaway.describe()}" for t in given_up if t.runaway)
+            + "; ".join(f"{t.task}: {runaway_message(t.runaway)}" for t in given_up if t.runaway)
             + f". The {report.committed_total} committed episode(s) are kept; fix the task(s) (try `demoforge run "
             f"--task {given_up[0].task}`), then re-run the same command to resume.", markup=False)
         return EXIT_FAIL
@@ -196,15 +235,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         driver = spec.control.driver if spec.control is not None else None
         fix = (f"fix the policy (--driver {driver}) or the task (`demoforge eval` runs the policy alone and names "
                "what it did)" if driver else "fix the task (try `demoforge run` to watch a few episodes)")
-        make_console(stderr=True).print(f"demoforge generate: error: stopped because {report.runaway.describe()}. "
-                                    f"The {report.committed_total} committed episode(s) are kept; {fix}, then re-run "
-                                    "the same command to resume.", markup=False)
+        make_console(stderr=True).print(f"demoforge generate: error: stopped because "
+                                        f"{runaway_message(report.runaway)}. The {report.committed_total} committed "
+                                        f"episode(s) are kept; {fix}, then re-run the same command to resume.",
+                                        markup=False)
         return EXIT_FAIL
-    if not report.complete:
-        out.print(f"re-run the same command to resume: {report.target - report.committed_total} episode(s) to go")
-    elif args.export is not None:
-        return export_after_job(args.store, args.export, args.repo_id, args.export_timeout)
-    return EXIT_OK if report.complete or report.interrupted else EXIT_FAIL
+    return None
 
 
 def _workers_note(report: Any) -> str:

@@ -21,6 +21,7 @@ from demoforge.pipeline.cli.common import (
     task_options,
 )
 from demoforge.pipeline.cli.generate import add_run_options
+from demoforge.pipeline.flags import runaway_message
 
 EXAMPLE = ("demoforge multiply runs/fetch-10 --episodes 1000 --store runs/fetch-1000 --export runs/fetch-1000-dataset "
            "--strategy nearest")
@@ -109,7 +110,7 @@ def _report(args: argparse.Namespace, spec: Any, report: Any, workers: str, expo
                   f"--store {args.store} --include failures` (or all)", markup=False)
     if report.runaway is not None:
         make_console(stderr=True).print(
-            f"demoforge multiply: error: stopped because {report.runaway.describe()}. The {report.committed_total} "
+            f"demoforge multiply: error: stopped because {runaway_message(report.runaway)}. The {report.committed_total} "
             "committed episode(s) are kept; the source's segments may not carry over to these scenes (try "
             "--strategy nearest, more --interpolation steps or more source episodes), then re-run the same command "
             "to resume.", markup=False)

@@ -76,12 +76,22 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_rerender(args: argparse.Namespace) -> int:
-    from demoforge.pipeline.cli.generate import export_after_job
     from demoforge.pipeline.job import JobSpec, VideoSettings
-    from demoforge.pipeline.rerender import RerenderInputError, check_rerender_output, plan_rerender
-    from demoforge.pipeline.runner import JobRunner, JobStats
-    from demoforge.pipeline.tasks.registry import TaskOptionError, get_task
     from demoforge.pipeline.workers.config import ExecutorConfig
+
+    plan, store = _checked_plan(args)
+    threads = args.workers if args.executor == "thread" else 1
+    spec = JobSpec(task=plan.task, episodes=plan.sources * args.variants, task_options=plan.options, seed=0,
+                   max_attempts=1, workers=threads, max_consecutive_abandoned=0, rerender=plan.spec,
+                   video=VideoSettings(codec=args.codec, crf=args.crf, g=args.gop))
+    report, failures = _run(spec, store, ExecutorConfig(kind=args.executor, workers=args.workers))
+    return _report_and_export(args, plan, store, report, failures)
+
+
+def _checked_plan(args: argparse.Namespace) -> tuple[Any, Path]:
+    """The checked rerender plan and the job's store, refused (TaskOptionError) before anything is written."""
+    from demoforge.pipeline.rerender import RerenderInputError, check_rerender_output, plan_rerender
+    from demoforge.pipeline.tasks.registry import TaskOptionError, get_task
 
     overrides = _overrides(args)
     try:
@@ -93,15 +103,17 @@ def cmd_rerender(args: argparse.Namespace) -> int:
                                          f"{', '.join(sorted(entry.defaults))})")
         if args.store is None and args.out.name in ("", ".", ".."):
             raise RerenderInputError(f"--out {str(args.out)!r} names no new folder: give the new dataset's path")
-        store = args.store or args.out.with_name(args.out.name + ".store")
+        store: Path = args.store or args.out.with_name(args.out.name + ".store")
         check_rerender_output(args.source, args.out, store)
     except RerenderInputError as exc:
         raise TaskOptionError(str(exc)) from None
-    threads = args.workers if args.executor == "thread" else 1
-    spec = JobSpec(task=plan.task, episodes=plan.sources * args.variants, task_options=plan.options, seed=0,
-                   max_attempts=1, workers=threads, max_consecutive_abandoned=0, rerender=plan.spec,
-                   video=VideoSettings(codec=args.codec, crf=args.crf, g=args.gop))
-    executor = ExecutorConfig(kind=args.executor, workers=args.workers)
+    return plan, store
+
+
+def _run(spec: Any, store: Path, executor: Any) -> tuple[Any, dict[int, str]]:
+    """Run the rerender job with a progress bar; its report and why each episode that diverged did."""
+    from demoforge.pipeline.runner import JobRunner, JobStats
+
     console = make_console(stderr=True)
     failures: dict[int, str] = {}
 
@@ -122,13 +134,21 @@ def cmd_rerender(args: argparse.Namespace) -> int:
 
     runner = JobRunner(spec, store, on_progress, on_outcome=on_outcome, executor=executor,
                        on_event=lambda line: console.print(line, markup=False, highlight=False))
-    bar = progress.add_task(f"rerender {plan.task}", total=spec.episodes, detail="")
+    bar = progress.add_task(f"rerender {spec.task}", total=spec.episodes, detail="")
     with progress:
         import anyio  # here: `demoforge --help` and the store commands need none of it
 
-        report = anyio.run(lambda: runner.run(handle_signals=True))
+        return anyio.run(lambda: runner.run(handle_signals=True)), failures
+
+
+def _report_and_export(args: argparse.Namespace, plan: Any, store: Path, report: Any,
+                       failures: dict[int, str]) -> int:
+    """Say what was rerendered and what diverged; export what was unless the run was stopped or made nothing."""
+    from demoforge.pipeline.cli.generate import export_after_job
+
+    episodes = plan.sources * args.variants
     out = make_console()
-    out.print(f"rerendered {report.committed_total}/{spec.episodes} episodes ({plan.sources} source episode(s) x "
+    out.print(f"rerendered {report.committed_total}/{episodes} episodes ({plan.sources} source episode(s) x "
               f"{args.variants} variant(s)) into {store} ({report.frames_this_run} frames this run, "
               f"{report.frames_this_run / max(report.elapsed_s, 1e-9):.0f} frames/s, {report.elapsed_s:.1f} s)",
               markup=False)
@@ -144,8 +164,8 @@ def cmd_rerender(args: argparse.Namespace) -> int:
                                         "exported", markup=False)
         return EXIT_FAIL
     code = export_after_job(store, args.out, args.repo_id, args.export_timeout, command="rerender")
-    if code == EXIT_OK and report.committed_total < spec.episodes:
-        out.print(f"{spec.episodes - report.committed_total} episode(s) could not be rerendered (their "
+    if code == EXIT_OK and report.committed_total < episodes:
+        out.print(f"{episodes - report.committed_total} episode(s) could not be rerendered (their "
                   "re-simulation diverged from the source; see above or `demoforge inspect` of the store): exit 1",
                   markup=False)
         return EXIT_FAIL

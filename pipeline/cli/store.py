@@ -60,7 +60,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from demoforge.storage.store import open_store
 
     with open_store(args.store) as store:
-        summary = store.catalog.summary()
+        summary = store.summary()
         fingerprint = store.fingerprint
         summary["fingerprint"] = fingerprint.to_dict() if fingerprint is not None else None
         summary["store"] = str(args.store)

@@ -31,6 +31,6 @@ def add_view_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    from demoforge.storage.viewer.command import run_view
+    from demoforge.pipeline.viewer.command import run_view
 
     return run_view(args.path, host=args.host, port=args.port, html=args.html)

@@ -48,7 +48,8 @@ from demoforge.stages.records import (
     EpisodeAssignment,
     StagedAttempt,
 )
-from demoforge.stages.settings import encoder_placement
+from demoforge.stages.context import StageContext
+from demoforge.stages.recipe import WorkerRecipe
 from demoforge.stages.step import StepTimeoutError
 
 UNPLACED_NOTICE_S = 2.0  # a start still unplaced then and a second later is said to wait for room
@@ -214,23 +215,17 @@ class RemoteExecutor:
     worker running for ``start_timeout_s`` the job stops (:class:`NoWorkersError`). The stage ends as soon as
     no more work can appear; leaving :meth:`started` cancels the starts still waiting."""
 
-    def __init__(self, config: ExecutorConfig, spec: JobSpec, info: TaskInfo,
+    def __init__(self, config: ExecutorConfig, recipe: WorkerRecipe, spec: JobSpec, info: TaskInfo,
                  on_event: Callable[[str], None] | None = None,
                  on_workers: Callable[[WorkerCount], None] | None = None) -> None:
-        if spec.num_envs != 1:
-            raise ExecutorError(f"--num-envs {spec.num_envs} applies to the thread executor; the {config.kind} "
+        if recipe.num_envs != 1:
+            raise ExecutorError(f"--num-envs {recipe.num_envs} applies to the thread executor; the {config.kind} "
                                 "executor runs one env per worker: use more workers instead")
         self.config = config
-        self.job = spec
+        self.recipe = recipe
         self.backend = make_backend(config)
-        apart, idle = encoder_placement(spec.encoder_process, spec.encoder_idle, info.cameras)
-        self.spec = WorkerSpec(task=spec.task, task_options=dict(info.options), job_seed=spec.seed,
-                               max_attempts=spec.max_attempts, video=spec.video, cameras=tuple(info.cameras),
-                               fps=info.fps, batch_frames=config.batch_frames,
-                               task_modules=task_modules_for(get_task(spec.task)), control=spec.control,
-                               keep_failures=spec.keep_failures,
-                               encoder_process=apart, encoder_idle=idle,
-                               rerender=spec.rerender)
+        self.spec = WorkerSpec(recipe, task_options=dict(info.options), batch_frames=config.batch_frames,
+                               task_modules=task_modules_for(get_task(spec.task)), rerender=spec.rerender)
         self.on_event = on_event or (lambda _line: None)
         self.on_workers = on_workers or (lambda _count: None)
         self.workers: dict[int, WorkerHandle] = {}  # the ready ones, by slot
@@ -245,7 +240,7 @@ class RemoteExecutor:
         self._first_ready = anyio.Event()
         self._tg: TaskGroup | None = None
         # No piece for this long from a worker that has room to send one: its env hangs (see _serve).
-        self._piece_timeout_s = None if spec.step_timeout_s is None else spec.step_timeout_s + 5.0
+        self._piece_timeout_s = None if recipe.step_timeout_s is None else recipe.step_timeout_s + 5.0
 
     # ------------------------------------------------------------------------------ start / close
     @asynccontextmanager
@@ -378,8 +373,13 @@ class RemoteExecutor:
                                    "episodes are kept: re-run the same command to resume.")
 
     # ------------------------------------------------------------------------------ the stage
+    def start(self, tg: TaskGroup, assignments: MemoryObjectReceiveStream[EpisodeAssignment],
+              send: MemoryObjectSendStream[Any], context: StageContext) -> None:
+        tg.start_soon(self.run, assignments, send, context)
+
     async def run(self, assignments: MemoryObjectReceiveStream[EpisodeAssignment], send: MemoryObjectSendStream[Any],
-                  stop: threading.Event) -> None:
+                  context: StageContext) -> None:
+        stop = context.stop
         broker = self._broker = LeaseBroker(assignments, stop)
         self._send, self._stop = send, stop
         async with send, anyio.create_task_group() as tg:
@@ -446,7 +446,7 @@ class RemoteExecutor:
             if not self._stopping:
                 self._awaiting_discard[key] = EpisodeAssignment(key.episode_index, key.attempt)
                 broker.pending += 1
-            await send.send(attempt.ended(attempt.interrupted(self.job.task, f"interrupted: {why}")))
+            await send.send(attempt.ended(attempt.interrupted(self.recipe.task, f"interrupted: {why}")))
         if not state.ledger and not state.finished and not self._stopping:
             broker.rerun(EpisodeAssignment(state.assignment.episode_index, state.next_attempt))
 
@@ -455,15 +455,15 @@ class RemoteExecutor:
         """Like the thread executor's watchdog: the hung attempt ends as an error (counted) and the episode
         continues with its next attempt on another worker."""
         state.hung = True
-        timeout = self.job.step_timeout_s
+        timeout = self.recipe.step_timeout_s
         self.on_event(f"{worker.name} sent nothing for {self._piece_timeout_s:g} s (step timeout {timeout:g} s); "
                       "its attempt is aborted and the worker replaced")
         if not state.ledger:  # hung before its attempt started (building or resetting the env): re-run as lost
             broker.rerun(EpisodeAssignment(state.assignment.episode_index, state.next_attempt))
             return
         error = StepTimeoutError(f"the env did not return within {timeout:g} s; attempt aborted and the worker "
-                                 "replaced", task=self.job.task)
-        for ended, then in state.ledger.end_all_failed(self.job.task, error, RetryPolicy(self.job.max_attempts)):
+                                 "replaced", task=self.recipe.task)
+        for ended, then in state.ledger.end_all_failed(self.recipe.task, error, RetryPolicy(self.recipe.max_attempts)):
             await send.send(ended)
             if isinstance(then, EpisodeAssignment):
                 broker.rerun(then)

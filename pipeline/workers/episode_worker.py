@@ -25,7 +25,7 @@ from demoforge.pipeline.environment import WORKER_ENVIRONMENT
 from demoforge.pipeline.rerender_spec import RerenderSpec
 from demoforge.pipeline.workers.config import WorkerStartError
 from demoforge.stages.attempts import AttemptLedger, RetryPolicy
-from demoforge.stages.control import ControlSpec
+from demoforge.stages.recipe import WorkerRecipe
 from demoforge.stages.record_encoder import RecordEncoder
 from demoforge.stages.records import (
     AttemptEnded,
@@ -37,8 +37,6 @@ from demoforge.stages.records import (
     EpisodeAssignment,
     VideoTail,
 )
-from demoforge.stages.settings import VideoSettings
-from demoforge.storage.schema import CameraSpec
 
 MAX_PIECE_BYTES = 8 << 20  # a piece is also cut when its encoded bytes reach this...
 MAX_PIECE_SECONDS = 0.5  # ...or when it has been filling this long: a slow env still reports progress, so the
@@ -56,25 +54,22 @@ class Piece:
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Everything a worker needs to produce a job's episodes (picklable, sent once at start)."""
+    """Everything a remote worker needs to produce a job's episodes (picklable, sent once at start): the job's
+    :class:`WorkerRecipe`, how to build its env here (the task's options, a rerender's source), and what is a
+    remote worker's own (its slot, the piece size, the modules and environment it needs before the task)."""
 
-    task: str
+    recipe: WorkerRecipe
     task_options: Mapping[str, Any]
-    job_seed: int
-    max_attempts: int
-    video: VideoSettings
-    cameras: tuple[CameraSpec, ...]
-    fps: int
     batch_frames: int
     worker: int = 0
     task_modules: tuple[str, ...] = ()  # imported before the task is looked up (plugins register tasks)
     # set in every worker before any simulator is imported (a Ray worker does not inherit the driver's shell)
     environment: Mapping[str, str] = field(default_factory=lambda: dict(WORKER_ENVIRONMENT))
-    control: ControlSpec | None = None  # who drives (stages/control.py)
-    keep_failures: bool = False  # failed attempts end kept (stages/executor.py Executor)
-    encoder_process: bool = False  # the encoders run in a process of their own (stages/encoder_process.py)
-    encoder_idle: bool = False  # ... its encoders at idle priority (SCHED_IDLE; raised while the worker waits)
     rerender: RerenderSpec | None = None  # a rerender job's source (pipeline/rerender.py)
+
+    @property
+    def task(self) -> str:
+        return self.recipe.task
 
 
 def task_modules_for(task_entry: Any) -> tuple[str, ...]:
@@ -120,19 +115,20 @@ class EpisodeWorker:
         except Exception as exc:
             raise WorkerStartError(f"worker {spec.worker} ({where()}) cannot build task {spec.task!r}: "
                                    f"{type(exc).__name__}: {exc}") from None
+        recipe = spec.recipe
         self._policy: Any = None
-        if spec.control is not None and spec.control.driver is not None:
+        if recipe.control is not None and recipe.control.driver is not None:
             from demoforge.pipeline.policies import policy_factory
 
             try:
-                self._policy = policy_factory(spec.control.driver, self.entry.info(spec.task_options))()
+                self._policy = policy_factory(recipe.control.driver, self.entry.info(spec.task_options))()
             except Exception as exc:
                 raise WorkerStartError(f"worker {spec.worker} ({where()}) cannot load --driver "
-                                       f"{spec.control.driver}: {type(exc).__name__}: {exc}") from None
+                                       f"{recipe.control.driver}: {type(exc).__name__}: {exc}") from None
         # The worker's encoders, as an env thread of a local job runs them: one lane per camera, each owning an
         # attempt's encoder from its first frame to its finish or abort.
-        self._encoder = RecordEncoder(spec.cameras, spec.fps, spec.video, apart=spec.encoder_process,
-                                      idle=spec.encoder_idle)
+        self._encoder = RecordEncoder(recipe.cameras, recipe.fps, recipe.video, apart=recipe.encoder_process,
+                                      idle=recipe.encoder_idle)
 
     def _build(self) -> Any:
         from demoforge.pipeline.rerender import build_job_env
@@ -150,18 +146,14 @@ class EpisodeWorker:
 
         Frames are encoded in one thread per camera while the env computes the next step (PyAV and MuJoCo
         release the GIL), a few frames behind (stages/record_encoder.py); pieces carry records in order."""
-        from demoforge.stages.executor import Executor
-
-        spec = self.spec
+        spec, recipe = self.spec, self.spec.recipe
         out = _PieceBuilder(spec.batch_frames)
         attempt = first_attempt
         while True:
             ledger = AttemptLedger()  # the attempt in progress
             try:
-                executor = Executor(self.env, task=spec.task, job_seed=spec.job_seed, max_attempts=spec.max_attempts,
-                                    worker=spec.worker, cameras=spec.cameras, control=spec.control,
-                                    keep_failures=spec.keep_failures,
-                                    make_policy=(lambda: self._policy) if self._policy is not None else None)
+                executor = recipe.executor(self.env, worker=spec.worker,
+                                           make_policy=(lambda: self._policy) if self._policy is not None else None)
                 for record in executor.run(_OneEpisode(EpisodeAssignment(episode_index, attempt))):
                     ledger.track(record)
                     out.add(*self._encoder.feed(record))
@@ -179,12 +171,12 @@ class EpisodeWorker:
                 # The frames that reach the driver: those sent, and those in the batch (pending ones were dropped).
                 active.frames = out.sent_frames.get(key, 0) + sum(1 for r in out.batch if isinstance(r, EncodedFrame)
                                                                   and r.key == key)
-                result = active.failed(spec.task, f"worker ({where()}) raised {type(exc).__name__}: {exc}",
+                result = active.failed(recipe.task, f"worker ({where()}) raised {type(exc).__name__}: {exc}",
                                        type(exc).__name__)
                 out.add(active.ended(result))
                 yield out.cut()
                 self._rebuild()
-                then = RetryPolicy(spec.max_attempts).after(key, result)
+                then = RetryPolicy(recipe.max_attempts).after(key, result)
                 if isinstance(then, EpisodeAbandoned):
                     out.add(then)
                     break

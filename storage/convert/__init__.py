@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
 from demoforge.storage.convert.report import ConvertError, ConvertReport
-from demoforge.storage.durable import fsync_dir
 from demoforge.storage.lerobot.output_guard import output_overlap
+from demoforge.storage.lerobot.version_builder import PathBuilder
 from demoforge.storage.paths import path_problem, short_path
 
 __all__ = ["FORMATS", "ConvertError", "ConvertReport", "convert"]
@@ -36,13 +34,10 @@ FORMATS: dict[str, tuple[str, bool]] = {
 Writer = Callable[[Path, Path], ConvertReport]
 
 
-def convert(dataset: Path | str, fmt: str, out: Path | str,
-            pause: Callable[[str], None] | None = None) -> ConvertReport:
-    """Write the published dataset at ``dataset`` as ``fmt`` at ``out`` (which must not exist), atomically.
-    ``pause``: called at ``before_fsync`` and ``before_publish`` (``storage/faults.py``'s export steps: the
-    moments a kill test holds a conversion at)."""
+def convert(dataset: Path | str, fmt: str, out: Path | str) -> ConvertReport:
+    """Write the published dataset at ``dataset`` as ``fmt`` at ``out`` (which must not exist), atomically: built
+    at a fresh path beside it and renamed into place (``storage/lerobot/version_builder.py`` ``PathBuilder``)."""
     dataset, out = Path(dataset), Path(out)
-    pause = pause or (lambda _step: None)
     if fmt not in FORMATS:
         raise ConvertError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     module_name, is_file = FORMATS[fmt]
@@ -66,19 +61,9 @@ def convert(dataset: Path | str, fmt: str, out: Path | str,
     write = cast(Writer, getattr(importlib.import_module(module_name), "write"))
     partial = out.with_name(f"{out.name}.partial-{time.time_ns() % 10**10:010d}")
     started = time.perf_counter()
-    try:
+    with PathBuilder(out, partial) as built:
         report = write(dataset, partial)
-        pause("before_fsync")
-        _fsync_tree(partial)
-        pause("before_publish")
-        os.rename(partial, out)
-        fsync_dir(out.parent)
-    except BaseException:
-        if partial.is_dir():
-            shutil.rmtree(partial, ignore_errors=True)
-        else:
-            partial.unlink(missing_ok=True)
-        raise
+        built.publish()
     return report.published(out, time.perf_counter() - started, is_file)
 
 
@@ -90,16 +75,3 @@ def _codebase_version(dataset: Path) -> str:
         return f"of unknown format (its meta/info.json cannot be read: {type(exc).__name__})"
     version = info.get("codebase_version") if isinstance(info, dict) else None
     return version if version == "v3.0" else f"format {version!r}"
-
-
-def _fsync_tree(path: Path) -> None:
-    """Every file and folder of a written conversion on disk before it is renamed into place."""
-    if path.is_file():
-        with open(path, "rb") as handle:
-            os.fsync(handle.fileno())
-        return
-    for folder, _dirs, files in os.walk(path):
-        for name in files:
-            with open(Path(folder, name), "rb") as handle:
-                os.fsync(handle.fileno())
-        fsync_dir(Path(folder))

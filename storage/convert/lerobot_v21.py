@@ -32,7 +32,7 @@ import numpy as np
 
 from demoforge.storage.convert.reading import reading
 from demoforge.storage.convert.report import ConvertError, ConvertReport
-from demoforge.storage.faults import export_pause
+from demoforge.storage.faults import ExportStep, reach
 from demoforge.storage.lerobot.edit_source import DatasetToEdit
 from demoforge.storage.lerobot.format import INFO, SIDECAR, STATS
 from demoforge.storage.lerobot.stats_file import aggregate_stats, stats_json_text
@@ -63,7 +63,6 @@ def write(dataset: Path, out: Path) -> ConvertReport:
 class _Writer:
     def __init__(self, source: DatasetToEdit, out: Path) -> None:
         self.source, self.out = source, out
-        self.pause = export_pause() or (lambda _step: None)
         self.language = [k for k, ft in source.features.items() if ft.get("dtype") == "language"]
         for key in source.video_keys:
             if "/" in key or key in (".", "..") or "\x00" in key:
@@ -74,9 +73,9 @@ class _Writer:
         source = self.source
         self.out.mkdir()
         cuts = self._videos()
-        self.pause("after_videos")
+        reach(ExportStep.AFTER_VIDEOS)
         self._data()
-        self.pause("after_data")
+        reach(ExportStep.AFTER_DATA)
         stats = [self._episode_stats(e.index) for e in source.episodes]
         _jsonl(self.out / EPISODES, [self._episode_row(e.index) for e in source.episodes])
         _jsonl(self.out / EPISODES_STATS, [{"episode_index": i, "stats": _plain(s)} for i, s in enumerate(stats)])

@@ -33,7 +33,7 @@ import numpy as np
 from demoforge.storage.convert.report import ConvertError, ConvertReport
 from demoforge.storage.convert.reading import reading
 from demoforge.storage.convert.robomimic_hdf5 import Layout, camera_frames, column, plan, segments_of
-from demoforge.storage.faults import export_pause
+from demoforge.storage.faults import ExportStep, reach
 from demoforge.storage.lerobot.edit_source import DatasetToEdit
 
 FORMAT = "rlds"
@@ -50,12 +50,11 @@ def write(dataset: Path, out: Path) -> ConvertReport:
                   if name not in ("successful", "failed") and indices} or {"train": tuple(range(len(source.episodes)))}
         name = dataset_name(out)
         features = _features(tfds, source, layout)
-        pause = export_pause() or (lambda _step: None)
         out.mkdir()
         with contextlib.redirect_stdout(io.StringIO()):  # TFDS prints "Downloading and preparing dataset ..."
             tfds.dataset_builders.store_as_tfds_dataset(
                 name=name, version=VERSION, features=features, data_dir=out, disable_shuffling=True,
-                split_datasets={split: _episodes(source, layout, indices, pause) for split, indices in splits.items()},
+                split_datasets={split: _episodes(source, layout, indices) for split, indices in splits.items()},
                 description=f"demoforge dataset {source.path} ({source.version or 'not published by demoforge'}) "
                             "converted by `demoforge convert --format rlds`")
         for empty in ("downloads/extracted", "downloads"):  # TFDS's download folders, unused here
@@ -127,12 +126,11 @@ def _features(tfds: Any, source: DatasetToEdit, layout: Layout) -> Any:
     return f.FeaturesDict({"steps": f.Dataset(steps), "episode_metadata": f.FeaturesDict(metadata)})
 
 
-def _episodes(source: DatasetToEdit, layout: Layout, indices: tuple[int, ...],
-              pause: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+def _episodes(source: DatasetToEdit, layout: Layout, indices: tuple[int, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
     """(key, example) per episode, built when TFDS asks for it (one episode's frames in memory at a time)."""
     for index in indices:
         yield index, _episode(source, layout, index)
-        pause("after_videos")  # one episode written: a kill test holds the conversion here
+        reach(ExportStep.AFTER_VIDEOS)  # one episode written: a kill test holds the conversion here
 
 
 def _episode(source: DatasetToEdit, layout: Layout, index: int) -> dict[str, Any]:

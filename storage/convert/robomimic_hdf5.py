@@ -35,7 +35,7 @@ import numpy as np
 from demoforge.storage.convert.reading import reading
 from demoforge.storage.convert.report import ConvertError, ConvertReport
 from demoforge.storage.depth import dequantize
-from demoforge.storage.faults import export_pause
+from demoforge.storage.faults import ExportStep, reach
 from demoforge.storage.lerobot.edit_source import DatasetToEdit
 from demoforge.storage.lerobot.format import INFO, depth_identity_of_info
 from demoforge.storage.paths import short_path
@@ -155,7 +155,6 @@ def _masks(source: DatasetToEdit) -> dict[str, tuple[int, ...]]:
 def _write(source: DatasetToEdit, layout: Layout, out: Path) -> ConvertReport:
     import h5py
 
-    pause = export_pause() or (lambda _step: None)
     frames = 0
     tasks: dict[str, Any] = {}
     with h5py.File(out, "w") as file:
@@ -166,13 +165,13 @@ def _write(source: DatasetToEdit, layout: Layout, out: Path) -> ConvertReport:
             record = episode.record or {}
             if record.get("task"):
                 tasks.setdefault(str(record["task"]), record.get("task_options") or {})
-            pause("after_videos")  # one demo written: a kill test holds the conversion here
+            reach(ExportStep.AFTER_VIDEOS)  # one demo written: a kill test holds the conversion here
         data.attrs["total"] = frames
         data.attrs["env_args"] = json.dumps(_env_args(source, tasks), indent=4)
         data.attrs["demoforge"] = json.dumps(_provenance(source, layout), sort_keys=True)
         for name, indices in layout.masks.items():
             file.create_dataset(f"mask/{name}", data=np.array([f"demo_{i}" for i in indices], dtype="S"))
-        pause("after_data")
+        reach(ExportStep.AFTER_DATA)
     return ConvertReport(FORMAT, len(source.episodes), frames, notes=tuple(_notes(source, layout)))
 
 

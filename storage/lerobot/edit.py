@@ -1,8 +1,9 @@
 """``demoforge edit`` and ``demoforge merge``: curate published LeRobot v3.0 datasets without re-encoding a frame.
 
-An edit chooses episodes (``storage/lerobot/edit_selection.py``) and writes them as a dataset version through the
-export's publishing protocol (``storage/lerobot/publish.py``): built in ``vNNNNNN.partial`` beside the published
-version, fsynced, renamed, and the link swapped with one ``rename(2)``. Readers see the old version or the
+An edit (its rules an :class:`EditRules`, where it goes an :class:`EditOutputs`) chooses episodes
+(``storage/lerobot/edit_selection.py``) and writes them as a dataset version through the one version builder
+(``storage/lerobot/version_builder.py``): built in ``vNNNNNN.partial`` beside the published version, fsynced,
+renamed, and the link swapped with one ``rename(2)``. Readers see the old version or the
 new one; a kill at any moment leaves the old one published (the next run clears what it left). In place
 (``edit DATASET``) it is the dataset's next version; ``--out``, ``--split`` and ``merge`` write new sibling
 datasets, each published the same way.
@@ -40,10 +41,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 
+from demoforge.storage.faults import ExportStep
 from demoforge.storage.lerobot.edit_selection import Selection, SplitPart, allocate_split, episode_facts, select
 from demoforge.storage.lerobot.edit_source import DatasetToEdit, EditError, open_dataset
 from demoforge.storage.lerobot.edit_trim import (
@@ -57,41 +59,28 @@ from demoforge.storage.lerobot.edit_trim import (
     resolve_trims,
 )
 from demoforge.storage.lerobot.episode_filter import EpisodeFilter
-from demoforge.storage.lerobot.files import (
-    DataFileWriter,
-    next_file,
-    write_episode_table,
-    write_stats_file,
-    write_tasks,
-)
+from demoforge.storage.lerobot.files import DataFileWriter, next_file, write_episode_table
 from demoforge.storage.lerobot.format import (
     CHUNKS_SIZE,
     DATA_PATH,
-    INFO,
     MARKER,
     SIDECAR,
     VIDEO_PATH,
     ExportMarker,
-    FileChecksum,
     PublishedEpisode,
     RemovedEpisode,
     feature_differences,
-    file_checksum,
     schema_differences,
 )
 from demoforge.storage.lerobot.output_guard import output_overlap
 from demoforge.storage.lerobot.publish import (
     KEEP_VERSIONS,
     Published,
-    append_jsonl,
     check_writable,
     lock_exports,
     prune_versions,
-    publish_version,
     remove_unfinished,
     resolve_target,
-    start_version,
-    write_json,
 )
 from demoforge.storage.lerobot.rejected import (
     RejectedListError,
@@ -102,12 +91,13 @@ from demoforge.storage.lerobot.rejected import (
 )
 from demoforge.storage.lerobot_stats import vector_stats
 from demoforge.storage.lerobot.subtasks import COLUMNS as SUBTASK_COLUMNS
-from demoforge.storage.lerobot.subtasks import write_temporal_proportions
+from demoforge.storage.lerobot.version_builder import VersionBuilder, VersionMetadata
 from demoforge.storage.lerobot.video_cut import CopyResult, Span, SpanCut, VideoFile, copy_spans
 from demoforge.storage.paths import short_path
-from demoforge.storage.write_errors import free_bytes, human_bytes, writing
+from demoforge.storage.write_errors import free_bytes, human_bytes
 
-__all__ = ["EditError", "EditReport", "WrittenDataset", "edit_dataset", "merge_datasets"]
+__all__ = ["EditError", "EditKeywords", "EditOutputs", "EditReport", "EditRules", "WrittenDataset", "edit_dataset",
+           "merge_datasets"]
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 RENUMBERED = ("episode_index", "index", "task_index")  # columns an edit rewrites (their stats are recomputed)
@@ -272,63 +262,51 @@ class _Identity:
 
 
 class _VersionWriter:
-    """Builds one dataset version from a plan, then publishes it."""
+    """What an edit writes into a dataset version from a plan (the version itself is a :class:`VersionBuilder`'s):
+    the videos, cut or linked; the kept rows, renumbered; the episode rows; then the small files' contents."""
 
-    def __init__(self, target: Published, number: int, plan: _Plan, identity: _Identity,
-                 pause: Callable[[str], None], progress: Progress | None) -> None:
-        self.target, self.number, self.plan, self.identity = target, number, plan, identity
-        self.pause = pause
+    def __init__(self, version: VersionBuilder, plan: _Plan, identity: _Identity, progress: Progress | None) -> None:
+        self.version, self.plan, self.identity = version, plan, identity
         self.progress = progress or (lambda _what, _done, _total: None)
-        self.written: list[Path] = []
-        self.linked: dict[Path, FileChecksum | None] = {}  # files hard-linked from a source: recorded checksum
 
-    def write(self) -> tuple[str, ExportMarker]:
-        build = start_version(self.target, self.number, link_current=False)
-        try:
-            with writing(f"the new dataset version {build.name.removesuffix('.partial')}", build):
-                marker = self._write(build)
-                return publish_version(self.target, build, self.written, self.pause), marker
-        except BaseException:
-            for leftover in (build, build.with_name(build.name.removesuffix(".partial"))):
-                if leftover.exists() and leftover != self.target.current:
-                    shutil.rmtree(leftover, ignore_errors=True)  # give the space back now
-            raise
+    def write(self) -> VersionMetadata:
+        build = self.version.path
+        video_meta, cursors = self._videos(build)
+        self.version.reach(ExportStep.AFTER_VIDEOS)
+        data_spans, data_next = self._data(build)
+        self.version.reach(ExportStep.AFTER_DATA)
+        meta_next = self._episode_meta(build, video_meta, data_spans)
+        return self._metadata(data_next, meta_next, cursors)
 
-    def _write(self, build: Path) -> ExportMarker:
-        plan = self.plan
-        chosen = plan.chosen
-        video_meta: list[dict[str, Any]] = [{} for _ in chosen]
+    def _videos(self, build: Path) -> tuple[list[dict[str, Any]], dict[str, tuple[int, int]]]:
+        """Every camera's runs of episodes into its files; returns each output episode's video columns and
+        where each camera's next file starts."""
+        video_meta: list[dict[str, Any]] = [{} for _ in self.plan.chosen]
         cursors: dict[str, tuple[int, int]] = {}
-        for key, runs in plan.runs.items():
+        for key, runs in self.plan.runs.items():
             cursor = (0, 0)
             for i, run in enumerate(runs):
                 self._video_run(build, run, cursor, video_meta)
                 cursor = next_file(*cursor)
                 self.progress(f"video {key}", i + 1, len(runs))
             cursors[key] = cursor
-        self.pause("after_videos")
-        data_spans, data_next = self._data(build)
-        self.pause("after_data")
-        meta_next = self._episode_meta(build, video_meta, data_spans)
-        # small metadata, rewritten whole: proportions, tasks, stats, info, sidecar, marker (last).
-        self.written += write_temporal_proportions(build)
-        self.written += write_tasks(build, plan.tasks)
-        self.written.append(write_stats_file(build, self._stats, False))
-        self.written.append(self._info(build))
-        if all(s.has_sidecar for s, _ in chosen):
-            rows = [{**self._record(new), "dataset_episode_index": new} for new in range(len(chosen))]
-            self.written.append(append_jsonl(build / SIDECAR, rows))
-        ident = self.identity
+        return video_meta, cursors
+
+    def _metadata(self, data_next: tuple[int, int], meta_next: tuple[int, int],
+                  cursors: Mapping[str, tuple[int, int]]) -> VersionMetadata:
+        plan, ident = self.plan, self.identity
+        chosen = plan.chosen
         marker = ExportMarker(
-            version=self.number, repo_id=ident.repo_id, schema=ident.schema, total_episodes=len(chosen),
+            version=self.version.number, repo_id=ident.repo_id, schema=ident.schema, total_episodes=len(chosen),
             total_frames=plan.frames, tasks=plan.tasks, next_data=data_next, next_meta=meta_next,
             next_videos={key.removeprefix("observation.images."): c for key, c in cursors.items()},
             episodes=tuple(PublishedEpisode(episode_id, new, s.episodes[i].store_id) for new, (s, i)
                            in enumerate(chosen) if (episode_id := s.episodes[i].episode_id) is not None),
-            files=self._checksums(build), removed=ident.removed,
-            edit={**ident.edit, "reencoded_frames": plan.reencoded[0]})
-        self.written.append(write_json(build / MARKER, marker.to_json()))
-        return marker
+            removed=ident.removed, edit={**ident.edit, "reencoded_frames": plan.reencoded[0]})
+        sidecar = [{**self._record(new), "dataset_episode_index": new} for new in range(len(chosen))] \
+            if all(s.has_sidecar for s, _ in chosen) else []
+        return VersionMetadata(tasks=plan.tasks, episode_stats=self._stats, info=self._info(), marker=marker,
+                               sidecar=sidecar)
 
     def _record(self, position: int) -> dict[str, Any]:
         """The sidecar record of an output episode (re-based when it was trimmed)."""
@@ -347,16 +325,17 @@ class _VersionWriter:
                 os.link(run.path, out)
             except OSError:  # another filesystem (a merge of datasets on two disks): a plain copy
                 shutil.copyfile(run.path, out)
-                self.written.append(out)
+                self.version.wrote(out)
             else:
-                self.linked[out] = run.source.recorded_checksum(run.path.relative_to(run.source.root).as_posix())
+                self.version.linked(out, run.source.recorded_checksum(
+                    run.path.relative_to(run.source.root).as_posix()))
         else:
             video = run.source.video(run.path)
             result: CopyResult = copy_spans(video, run.spans, out, run.source.features[run.key].get("info"))
             video.held = None  # copied (and shifted): a later part reads the file again
             spans = list(result.spans)
             run.cuts = list(result.cuts)
-            self.written.append(out)
+            self.version.wrote(out)
         for position, (start, end) in zip(run.positions, spans):
             video_meta[position].update({f"videos/{run.key}/chunk_index": cursor[0],
                                          f"videos/{run.key}/file_index": cursor[1],
@@ -421,7 +400,7 @@ class _VersionWriter:
                 self.progress("data", members[-1][0] + 1, len(chosen))
         finally:
             data_next = writer.close()
-        self.written += writer.files
+        self.version.wrote(*writer.files)
         return spans, data_next
 
     def _trimmed_episode_stats(self, source: DatasetToEdit, index: int, cut: Cut, rows: Any
@@ -471,7 +450,7 @@ class _VersionWriter:
             field_ = table.schema.field(name)
             table = table.set_column(table.column_names.index(name), field_, pa.array(values).cast(field_.type))
         meta_next, files = write_episode_table(build, table, (0, 0))
-        self.written += files
+        self.version.wrote(*files)
         return meta_next
 
     def _trimmed_meta(self, table: Any, done: Mapping[str, Any]) -> dict[str, list[Any]]:
@@ -498,26 +477,15 @@ class _VersionWriter:
             out.update({c: [r.get(c) for r in rows] for c in subtasks})
         return out
 
-    def _info(self, build: Path) -> Path:
+    def _info(self) -> dict[str, Any]:
+        """The first source's ``info.json`` with the edited counts (and the layout this writer uses)."""
         info = dict(self.plan.chosen[0][0].info)
         count = len(self.plan.chosen)
         info.update(total_episodes=count, total_frames=self.plan.frames, total_tasks=len(self.plan.tasks),
                     chunks_size=CHUNKS_SIZE, data_path=DATA_PATH, splits={"train": f"0:{count}"})
         if self.plan.runs:
             info["video_path"] = VIDEO_PATH
-        return write_json(build / INFO, info)
-
-    def _checksums(self, build: Path) -> dict[str, FileChecksum]:
-        out: dict[str, FileChecksum] = {}
-        for dirpath, _dirs, names in os.walk(build):
-            for name in names:
-                path = Path(dirpath) / name
-                rel = path.relative_to(build).as_posix()
-                if rel == MARKER:
-                    continue
-                known = self.linked.get(path)
-                out[rel] = known if known is not None else file_checksum(path)
-        return out
+        return info
 
 
 def _renumbered_stats(stats: Mapping[str, Mapping[str, np.ndarray]], columns: Mapping[str, np.ndarray]
@@ -593,15 +561,16 @@ def _check_new_output(out: Path, identity: _Identity, sources: Sequence[DatasetT
     return target
 
 
-def _write(target: Published, plan: _Plan, identity: _Identity, number: int, pause: Callable[[str], None],
-           progress: Progress | None, name: str | None = None) -> WrittenDataset:
+def _write(target: Published, plan: _Plan, identity: _Identity, number: int, progress: Progress | None,
+           name: str | None = None) -> WrittenDataset:
     needed, free = _estimate_bytes(plan, target.root), free_bytes(target.root.parent)
     if free is not None and free < needed:
         raise EditError(f"not enough free space to write {target.root}: it needs about {human_bytes(needed)}, and "
                         f"{human_bytes(free)} is free there; nothing was written")
-    version, _marker = _VersionWriter(target, number, plan, identity, pause, progress).write()
+    with VersionBuilder(target, number) as version:
+        version.publish(_VersionWriter(version, plan, identity, progress).write())
     prune_versions(target.versions, keep=KEEP_VERSIONS)
-    return _outcome(target.root, WRITTEN, version, plan, name)
+    return _outcome(target.root, WRITTEN, version.name, plan, name)
 
 
 def _outcome(path: Path, status: str, version: str | None, plan: _Plan, name: str | None = None) -> WrittenDataset:
@@ -633,47 +602,128 @@ def _reading(sources: Sequence[DatasetToEdit]) -> Iterator[None]:
 
 
 # ----------------------------------------------------------------------------------------- operations
-def edit_dataset(path: Path | str, *, delete: str | None = None, delete_rejected: bool = False,
-                 keep_where: EpisodeFilter | None = None, task: str | None = None,
-                 replay: Mapping[int, str] | None = None, out: Path | str | None = None,
-                 split: Sequence[SplitPart] | None = None, seed: int = 0, stratify: str | None = None,
-                 out_root: Path | str | None = None, repo_id: str | None = None, dry_run: bool = False,
-                 again: bool = False, progress: Progress | None = None,
-                 stage_pause: Callable[[str], None] | None = None, trim: TrimSpec | None = None) -> EditReport:
+@dataclass(frozen=True)
+class EditRules:
+    """What an edit does to a dataset's episodes: which it deletes or keeps (``edit_selection.select``), or, with
+    ``trim``, which frames it drops at their ends (``keep_where`` then chooses the episodes trimmed;
+    ``storage/lerobot/edit_trim.py``)."""
+
+    delete: str | None = None  # dataset indices: "1,3-4"
+    delete_rejected: bool = False  # the episodes the viewer marked rejected
+    keep_where: EpisodeFilter | None = None
+    task: str | None = None  # only this task's episodes
+    replay: Mapping[int, str] | None = None  # a replay report's outcome per episode (``keep_where``'s ``replay``)
+    trim: TrimSpec | None = None
+
+    def request(self) -> str:
+        """The rules as the marker of the version they made records them."""
+        asked: dict[str, Any] = {"delete": self.delete, "delete_rejected": self.delete_rejected, "task": self.task,
+                                 "keep_where": self.keep_where.canonical() if self.keep_where else None}
+        if self.trim is not None:
+            asked["trim"] = self.trim.canonical()
+        return json.dumps(asked, sort_keys=True)
+
+    @property
+    def repeatable(self) -> bool:
+        """Whether applying the rules twice does what applying them once does: deleting by index and trimming
+        do not (the same indices name other episodes in the next version; a trim drops more frames each time)."""
+        return self.delete is None and self.trim is None
+
+
+@dataclass(frozen=True)
+class EditOutputs:
+    """Where an edit's result goes: the dataset's next version (nothing set), a new dataset at ``out``, or one
+    dataset per ``split`` part under ``out_root`` (drawn with ``seed``, balanced by ``stratify``)."""
+
+    out: Path | str | None = None
+    split: Sequence[SplitPart] | None = None
+    out_root: Path | str | None = None
+    seed: int = 0
+    stratify: str | None = None
+    repo_id: str | None = None  # the new datasets' repo id (default: the source's, a part's name appended)
+
+    @property
+    def in_place(self) -> bool:
+        return self.split is None and self.out is None
+
+
+class EditKeywords(TypedDict, total=False):
+    """:func:`edit_dataset`'s keyword form: the fields of :class:`EditRules` and :class:`EditOutputs` by name."""
+
+    delete: str | None
+    delete_rejected: bool
+    keep_where: EpisodeFilter | None
+    task: str | None
+    replay: Mapping[int, str] | None
+    trim: TrimSpec | None
+    out: Path | str | None
+    split: Sequence[SplitPart] | None
+    out_root: Path | str | None
+    seed: int
+    stratify: str | None
+    repo_id: str | None
+
+
+def edit_dataset(path: Path | str, rules: EditRules | None = None, outputs: EditOutputs | None = None, *,
+                 dry_run: bool = False, again: bool = False, progress: Progress | None = None,
+                 **keywords: Unpack[EditKeywords]) -> EditReport:
     """Keep the episodes the rules select (see ``edit_selection.select``) and publish them: as the dataset's
     next version (in place), as a new dataset at ``out``, or split into ``out_root/<part>`` datasets.
-    ``trim``: drop frames at the ends of every episode instead (``keep_where`` then chooses the episodes trimmed;
-    ``storage/lerobot/edit_trim.py``)."""
+    The rules and outputs are given as the two objects or by their fields' names (``delete="1,3"``), not both.
+    ``again``: apply rules that are not repeatable to a version they made. ``dry_run``: say, write nothing."""
+    rules, outputs = _rules_and_outputs(rules, outputs, keywords)
     started = time.monotonic()
-    pause = stage_pause or (lambda _name: None)
     path = Path(path)
-    if trim is not None and (delete is not None or delete_rejected or task is not None or split is not None):
-        raise EditError("--trim is an edit of its own (with --keep-where choosing the episodes it trims): delete, "
-                        "filter or split in another edit, before or after it")
-    if split is not None and out is not None:
-        raise EditError("--split writes one dataset per part under --out-root; --out names a single dataset: give one")
-    if split is not None and out_root is None:
-        raise EditError("--split needs --out-root DIR: each part becomes the dataset DIR/<part>")
-    if split is None and out_root is not None:
-        raise EditError("--out-root is for --split; to write the edit as a new dataset use --out")
-    in_place = split is None and out is None
-    if in_place and not dry_run and ((path / MARKER).is_file() or path.is_symlink()):
+    _check_rules(rules, outputs)
+    if outputs.in_place and not dry_run and ((path / MARKER).is_file() or path.is_symlink()):
         with _locked(resolve_target(path).versions):  # read under the lock: the version published stays so
             source = open_dataset(path)
             assert source.published is not None
             remove_unfinished(source.published.versions, source.published.current)
-            return _edit(source, started, pause, progress, delete=delete, delete_rejected=delete_rejected,
-                         keep_where=keep_where, task=task, replay=replay, out=None, split=None, seed=seed,
-                         stratify=stratify, out_root=None, repo_id=repo_id, dry_run=False, again=again, trim=trim)
+            return _edit(_Request(source, rules, outputs, False, again, progress, started))
     source = open_dataset(path)
-    if in_place and source.foreign:
+    if outputs.in_place and source.foreign:
         raise EditError(f"{short_path(path)} is a LeRobot dataset demoforge did not write; demoforge never modifies "
                         "it: write the edit as a new dataset with --out DIR (or split it with --split)")
     with _reading([source] if not dry_run else []):
-        return _edit(source, started, pause, progress, delete=delete, delete_rejected=delete_rejected,
-                     keep_where=keep_where, task=task, replay=replay, out=out, split=split, seed=seed,
-                     stratify=stratify, out_root=out_root, repo_id=repo_id, dry_run=dry_run, again=again,
-                     trim=trim)
+        return _edit(_Request(source, rules, outputs, dry_run, again, progress, started))
+
+
+def _rules_and_outputs(rules: EditRules | None, outputs: EditOutputs | None,
+                       keywords: EditKeywords) -> tuple[EditRules, EditOutputs]:
+    if keywords and (rules is not None or outputs is not None):
+        raise TypeError("give an edit's rules and outputs as EditRules and EditOutputs or by name, not both")
+    fields: dict[str, Any] = dict(keywords)
+    taken = {f.name for f in dataclasses.fields(EditRules)}
+    return (rules or EditRules(**{k: v for k, v in fields.items() if k in taken}),
+            outputs or EditOutputs(**{k: v for k, v in fields.items() if k not in taken}))
+
+
+def _check_rules(rules: EditRules, outputs: EditOutputs) -> None:
+    """Refuse rules and outputs that do not go together (nothing is read yet)."""
+    if rules.trim is not None and (rules.delete is not None or rules.delete_rejected or rules.task is not None
+                                   or outputs.split is not None):
+        raise EditError("--trim is an edit of its own (with --keep-where choosing the episodes it trims): delete, "
+                        "filter or split in another edit, before or after it")
+    if outputs.split is not None and outputs.out is not None:
+        raise EditError("--split writes one dataset per part under --out-root; --out names a single dataset: give one")
+    if outputs.split is not None and outputs.out_root is None:
+        raise EditError("--split needs --out-root DIR: each part becomes the dataset DIR/<part>")
+    if outputs.split is None and outputs.out_root is not None:
+        raise EditError("--out-root is for --split; to write the edit as a new dataset use --out")
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One edit of one opened dataset, as asked."""
+
+    source: DatasetToEdit
+    rules: EditRules
+    outputs: EditOutputs
+    dry_run: bool
+    again: bool
+    progress: Progress | None
+    started: float
 
 
 def _rejected(source: DatasetToEdit) -> tuple[list[int], list[Rejection]]:
@@ -702,99 +752,111 @@ def _rejected(source: DatasetToEdit) -> tuple[list[int], list[Rejection]]:
     return sorted(set(found)), gone
 
 
-def _edit(source: DatasetToEdit, started: float, pause: Callable[[str], None], progress: Progress | None, *,
-          delete: str | None, delete_rejected: bool, keep_where: EpisodeFilter | None, task: str | None,
-          replay: Mapping[int, str] | None, out: Path | str | None, split: Sequence[SplitPart] | None, seed: int,
-          stratify: str | None, out_root: Path | str | None, repo_id: str | None, dry_run: bool,
-          again: bool, trim: TrimSpec | None = None) -> EditReport:
-    in_place = split is None and out is None
-    # Deleting by index and trimming are the rules that are not idempotent (the same indices name other
-    # episodes in the next version; a trim drops more frames each time): a re-run of the request that made the
-    # published version reports it instead.
-    asked: dict[str, Any] = {"delete": delete, "delete_rejected": delete_rejected, "task": task,
-                             "keep_where": keep_where.canonical() if keep_where else None}
-    if trim is not None:
-        asked["trim"] = trim.canonical()
-    request = json.dumps(asked, sort_keys=True)
-    previous = (source.marker.edit if source.marker is not None else None) or {}
-    if in_place and (delete is not None or trim is not None) and previous.get("request") == request and not again:
-        note = (f"version {source.version} is already the result of this edit ({previous.get('operation')}) of "
-                f"{(previous.get('from') or [{}])[0].get('version')}; nothing was changed (--again applies it to "
-                f"{source.version} too)")
-        return EditReport((source.describe(),), len(source.episodes), {}, (WrittenDataset(
-            source.path, ALREADY, source.version, len(source.episodes), sum(e.length for e in source.episodes),
-            len(source.tasks)),), time.monotonic() - started, (note,))
-    rejected, gone = _rejected(source) if delete_rejected else ([], [])
-    cuts: dict[int, Cut] = {}
-    if trim is not None:
-        selection, cuts = _trim_selection(source, trim, keep_where, replay)
-    else:
-        selection = select(source, delete=delete, rejected=rejected, keep_where=keep_where, task=task,
-                           replay=replay)
-    if not selection.kept:
-        raise EditError(f"the edit would leave no episode of the {len(source.episodes)} in {source.describe()} "
-                        f"({_reasons(selection)}); nothing was written")
+def _edit(req: _Request) -> EditReport:
+    source, rules, outputs = req.source, req.rules, req.outputs
+    if outputs.in_place and not rules.repeatable and not req.again:
+        done = _already_applied(req)
+        if done is not None:
+            return done
+    rejected, gone = _rejected(source) if rules.delete_rejected else ([], [])
+    selection, cuts = _selection(source, rules, rejected)
     notes: list[str] = []
-    if delete_rejected:
+    if rules.delete_rejected:
         if gone:
             notes.append(f"{len(gone)} rejected episode(s) are no longer in the dataset (deleted earlier)")
         if not rejected and not gone:
             notes.append(f"no episode is marked rejected ({rejected_list_path(source.path)} lists none)")
 
-    def report(*outputs: WrittenDataset) -> EditReport:
-        return EditReport((source.describe(),), len(source.episodes), selection.counts(), tuple(outputs),
-                          time.monotonic() - started, tuple(notes))
+    def report(*written: WrittenDataset) -> EditReport:
+        return EditReport((source.describe(),), len(source.episodes), selection.counts(), written,
+                          time.monotonic() - req.started, tuple(notes))
 
-    if split is not None:
-        assert out_root is not None
-        kept = [source.episodes[i] for i in selection.kept]
-        parts = allocate_split(kept, split, seed, stratify)
-        operation = (f"{selection.operation}; " if selection.operation else "") + \
-            "split " + ",".join(f"{p.name}={p.fraction:g}" for p in split) + f" seed={seed}" + \
-            (f" stratify={stratify}" if stratify else "")
-        jobs = []
-        for part in split:
-            chosen = [(source, i) for i in parts[part.name]]
-            identity = _identity([source], chosen, None if repo_id is None else f"{repo_id}_{part.name}",
-                                 f"{operation} part={part.name}", suffix=f"_{part.name}")
-            target = _check_new_output(Path(out_root) / part.name, identity, [source])
-            jobs.append((part.name, chosen, identity, target))  # every part checked before any is written
-        outputs = []
-        for name, chosen, identity, target in jobs:
-            plan = _plan(chosen, analyse=dry_run)
-            outputs.append(_publish_new(target, plan, identity, dry_run, pause, progress, name))
-        return report(*outputs)
-
+    if outputs.split is not None:
+        return report(*_write_split(req, selection))
     chosen = [(source, i) for i in selection.kept]
     trims = {position: cuts[i] for position, (_s, i) in enumerate(chosen) if i in cuts}
-    if trim is not None and not trims:
-        notes.append(f"--trim {trim.canonical()} drops no frame of the episodes it applies to")
-    if out is not None:
-        identity = _identity([source], chosen, repo_id, selection.operation or "copy")
-        target = _check_new_output(Path(out), identity, [source])
-        return report(_publish_new(target, _plan(chosen, analyse=dry_run, trims=trims), identity, dry_run, pause,
-                                   progress))
+    if rules.trim is not None and not trims:
+        notes.append(f"--trim {rules.trim.canonical()} drops no frame of the episodes it applies to")
+    if outputs.out is not None:
+        identity = _identity([source], chosen, outputs.repo_id, selection.operation or "copy")
+        target = _check_new_output(Path(outputs.out), identity, [source])
+        return report(_publish_new(target, _plan(chosen, analyse=req.dry_run, trims=trims), identity, req.dry_run,
+                                   req.progress))
+    return report(_write_in_place(req, selection, chosen, trims, gone))
 
-    # in place: the dataset's next version
+
+def _already_applied(req: _Request) -> EditReport | None:
+    """A re-run of the request that made the published version: reported, not applied again."""
+    source = req.source
+    previous = (source.marker.edit if source.marker is not None else None) or {}
+    if previous.get("request") != req.rules.request():
+        return None
+    note = (f"version {source.version} is already the result of this edit ({previous.get('operation')}) of "
+            f"{(previous.get('from') or [{}])[0].get('version')}; nothing was changed (--again applies it to "
+            f"{source.version} too)")
+    return EditReport((source.describe(),), len(source.episodes), {}, (WrittenDataset(
+        source.path, ALREADY, source.version, len(source.episodes), sum(e.length for e in source.episodes),
+        len(source.tasks)),), time.monotonic() - req.started, (note,))
+
+
+def _selection(source: DatasetToEdit, rules: EditRules, rejected: list[int]) -> tuple[Selection, dict[int, Cut]]:
+    """The episodes the rules keep (and, for a trim, the cut of each trimmed one); refuses keeping none."""
+    cuts: dict[int, Cut] = {}
+    if rules.trim is not None:
+        selection, cuts = _trim_selection(source, rules.trim, rules.keep_where, rules.replay)
+    else:
+        selection = select(source, delete=rules.delete, rejected=rejected, keep_where=rules.keep_where,
+                           task=rules.task, replay=rules.replay)
+    if not selection.kept:
+        raise EditError(f"the edit would leave no episode of the {len(source.episodes)} in {source.describe()} "
+                        f"({_reasons(selection)}); nothing was written")
+    return selection, cuts
+
+
+def _write_split(req: _Request, selection: Selection) -> list[WrittenDataset]:
+    """Each part of a split as a new dataset under ``out_root`` (every part checked before any is written)."""
+    source, outputs = req.source, req.outputs
+    split = outputs.split
+    assert split is not None and outputs.out_root is not None
+    parts = allocate_split([source.episodes[i] for i in selection.kept], split, outputs.seed, outputs.stratify)
+    operation = (f"{selection.operation}; " if selection.operation else "") + \
+        "split " + ",".join(f"{p.name}={p.fraction:g}" for p in split) + f" seed={outputs.seed}" + \
+        (f" stratify={outputs.stratify}" if outputs.stratify else "")
+    jobs = []
+    for part in split:
+        chosen = [(source, i) for i in parts[part.name]]
+        identity = _identity([source], chosen, None if outputs.repo_id is None else f"{outputs.repo_id}_{part.name}",
+                             f"{operation} part={part.name}", suffix=f"_{part.name}")
+        jobs.append((part.name, chosen, identity, _check_new_output(Path(outputs.out_root) / part.name, identity,
+                                                                    [source])))
+    return [_publish_new(target, _plan(chosen, analyse=req.dry_run), identity, req.dry_run, req.progress, name)
+            for name, chosen, identity, target in jobs]
+
+
+def _write_in_place(req: _Request, selection: Selection, chosen: list[Chosen], trims: Mapping[int, Cut],
+                    gone: list[Rejection]) -> WrittenDataset:
+    """The edit as the dataset's next version (unchanged when it removes and trims nothing)."""
+    source, rules = req.source, req.rules
     published = source.published
     assert published is not None and source.marker is not None
     if not selection.removed and not trims:
-        if delete_rejected and gone and not dry_run:
+        if rules.delete_rejected and gone and not req.dry_run:
             drop_rejections(rejected_list_path(source.path), gone)
-        return report(WrittenDataset(source.path, UNCHANGED, source.version, len(source.episodes),
-                                     sum(e.length for e in source.episodes), len(source.tasks)))
-    identity = _identity([source], chosen, repo_id or source.marker.repo_id, selection.operation, request=request)
-    plan = _plan(chosen, analyse=dry_run, trims=trims)
-    if dry_run:
-        return report(_outcome(source.path, DRY_RUN, None, plan))
+        return WrittenDataset(source.path, UNCHANGED, source.version, len(source.episodes),
+                              sum(e.length for e in source.episodes), len(source.tasks))
+    identity = _identity([source], chosen, req.outputs.repo_id or source.marker.repo_id, selection.operation,
+                         request=rules.request())
+    plan = _plan(chosen, analyse=req.dry_run, trims=trims)
+    if req.dry_run:
+        return _outcome(source.path, DRY_RUN, None, plan)
     check_writable(source.path.parent)
-    written = _write(published, plan, identity, source.marker.version + 1, pause, progress)
-    if delete_rejected:  # the list keeps only what is still in the dataset (marked meanwhile, in the viewer)
+    written = _write(published, plan, identity, source.marker.version + 1, req.progress)
+    if rules.delete_rejected:  # the list keeps only what is still in the dataset (marked meanwhile, in the viewer)
         stays = {(source.episodes[i].store_id, source.episodes[i].episode_id) for i in selection.kept}
         listed = read_rejections(rejected_list_path(source.path))
         drop_rejections(rejected_list_path(source.path),
                         [e for e in listed if e.episode_id is None or (e.store_id, e.episode_id) not in stays])
-    return report(written)
+    return written
 
 
 def _trim_selection(source: DatasetToEdit, trim: TrimSpec, keep_where: EpisodeFilter | None,
@@ -808,8 +870,9 @@ def _trim_selection(source: DatasetToEdit, trim: TrimSpec, keep_where: EpisodeFi
     return Selection(tuple(e.index for e in source.episodes), {}, operation), resolve_trims(source, trim, targets)
 
 
-def _publish_new(target: Published, plan: _Plan, identity: _Identity, dry_run: bool, pause: Callable[[str], None],
-                 progress: Progress | None, name: str | None = None) -> WrittenDataset:
+def _publish_new(target: Published, plan: _Plan, identity: _Identity, dry_run: bool, progress: Progress | None,
+                 name: str | None = None) -> WrittenDataset:
+    """A new dataset at ``target`` (a copy, a split part, a merge): written, or found already written."""
     if target.marker is not None:  # checked by _check_new_output: the same edit, published by an earlier run
         return _outcome(target.root, ALREADY, target.current.name if target.current else None, plan, name)
     if dry_run:
@@ -822,7 +885,7 @@ def _publish_new(target: Published, plan: _Plan, identity: _Identity, dry_run: b
                 return _outcome(target.root, ALREADY, fresh.current.name if fresh.current else None, plan, name)
             raise EditError(f"{short_path(target.root)} was written by another process meanwhile; nothing was written")
         remove_unfinished(fresh.versions, fresh.current)
-        return _write(fresh, plan, identity, 1, pause, progress, name)
+        return _write(fresh, plan, identity, 1, progress, name)
 
 
 def _reasons(selection: Selection) -> str:
@@ -849,12 +912,10 @@ def _merge_differences(first: DatasetToEdit, other: DatasetToEdit) -> list[str]:
 
 
 def merge_datasets(paths: Sequence[Path | str], out: Path | str, *, repo_id: str | None = None,
-                   dry_run: bool = False, progress: Progress | None = None,
-                   stage_pause: Callable[[str], None] | None = None) -> EditReport:
+                   dry_run: bool = False, progress: Progress | None = None) -> EditReport:
     """Every episode of every dataset, in the order given, as one new dataset at ``out``: features checked by
     name first (nothing is written when they differ), tasks united, indices renumbered from 0."""
     started = time.monotonic()
-    pause = stage_pause or (lambda _name: None)
     if len(paths) < 2:
         raise EditError("merge needs two or more datasets")
     sources = [open_dataset(p) for p in paths]
@@ -885,6 +946,6 @@ def merge_datasets(paths: Sequence[Path | str], out: Path | str, *, repo_id: str
     identity = _identity(sources, chosen, repo_id, "merge")
     target = _check_new_output(Path(out), identity, sources)
     with _reading(sources if not dry_run else []):
-        written = _publish_new(target, _plan(chosen, analyse=dry_run), identity, dry_run, pause, progress)
+        written = _publish_new(target, _plan(chosen, analyse=dry_run), identity, dry_run, progress)
     return EditReport(tuple(s.describe() for s in sources), len(chosen), {}, (written,),
                       time.monotonic() - started)

@@ -31,7 +31,6 @@ from demoforge.storage.lerobot.format import (
     DATA_FILE_MB,
     DATA_PATH,
     EPISODES_PATH,
-    INFO,
     STATS,
     TASKS,
     VIDEO_FILE_MB,
@@ -40,7 +39,7 @@ from demoforge.storage.lerobot.format import (
     camera_key,
     next_file,
 )
-from demoforge.storage.lerobot.publish import ExportError, replace_file, unlink_shared, write_json
+from demoforge.storage.lerobot.publish import ExportError, replace_file, unlink_shared
 from demoforge.storage.lerobot_stats import FeatureStats, depth_stats, rgb_stats, sample_indices, strided, vector_stats
 from demoforge.storage.lerobot.stats_file import aggregate_stats, read_stats, stats_json_text
 from demoforge.storage.lerobot.subtasks import arrow_types
@@ -438,11 +437,11 @@ def write_tasks(build: Path, tasks: Mapping[str, int]) -> list[Path]:
     return [path]
 
 
-def write_info(build: Path, features: Mapping[str, dict], fps: int, episodes: int, frames: int, tasks: int,
-               robot_type: str | None = None) -> Path:
-    info = {"codebase_version": CODEBASE_VERSION, "fps": fps, "features": features, "total_episodes": episodes,
+def info_json(features: Mapping[str, dict], fps: int, episodes: int, frames: int, tasks: int,
+              robot_type: str | None = None) -> dict[str, Any]:
+    """``meta/info.json`` of an exported version (what LeRobot's writer would write for these features)."""
+    return {"codebase_version": CODEBASE_VERSION, "fps": fps, "features": features, "total_episodes": episodes,
             "total_frames": frames, "total_tasks": tasks, "chunks_size": CHUNKS_SIZE,
             "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": VIDEO_FILE_MB,
             "data_path": DATA_PATH, "video_path": VIDEO_PATH,
             "robot_type": robot_type, "splits": {"train": f"0:{episodes}"}}
-    return write_json(build / INFO, info)

@@ -2,11 +2,12 @@
 
 An export builds the next version beside the published one (:func:`start_version`: hard links to every
 file of the current version), replaces the files it changes without ever writing through a shared link
-(:func:`replace_file`), then :func:`publish_version` fsyncs it, renames ``vNNNNNN.partial`` to
-``vNNNNNN`` and swaps the link with one ``rename(2)``. LeRobot's reader globs whole folders, so renaming
-files one at a time into a live folder could never be atomic for readers; swapping a link is. A crash
-leaves the old version published; :func:`remove_unfinished` clears what it left before the next export.
-One export at a time per dataset (:func:`lock_exports`); the newest :data:`KEEP_VERSIONS` are kept.
+(:func:`replace_file`), then the version builder (``storage/lerobot/version_builder.py``) fsyncs it, renames
+``vNNNNNN.partial`` to ``vNNNNNN`` and swaps the link with one ``rename(2)`` (:func:`atomic_link`). LeRobot's
+reader globs whole folders, so renaming files one at a time into a live folder could never be atomic for
+readers; swapping a link is. A crash leaves the old version published; :func:`remove_unfinished` clears what
+it left before the next export. One export at a time per dataset (:func:`lock_exports`); the newest
+:data:`KEEP_VERSIONS` are kept.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from demoforge.storage.durable import FsyncPool, fsync_dir, fsync_file, make_dirs
+from demoforge.storage.durable import fsync_dir, make_dirs
 from demoforge.storage.lerobot.format import INFO, MARKER, ExportMarker, MarkerError
 from demoforge.storage.locks import try_lock
 from demoforge.storage.paths import path_problem, short_path
@@ -174,22 +175,6 @@ def append_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
     old = path.read_bytes() if path.exists() else b""
     new = "".join(json.dumps(r, allow_nan=False, sort_keys=True) + "\n" for r in rows).encode()
     return replace_file(path, old + new)
-
-
-def publish_version(target: Published, build: Path, written: Iterable[Path],
-                    pause: Callable[[str], None] = lambda _name: None) -> str:
-    """fsync what was written and every folder, rename the build into place, swap the link. Returns the
-    version's name. ``pause`` is the fault-injection hook (tests kill the process there)."""
-    pause("before_fsync")
-    with FsyncPool() as pool:  # one batch for the version
-        pool.fsync_all(written, [Path(dirpath) for dirpath, _dirs, _files in os.walk(build)])
-    final = build.with_name(build.name.removesuffix(".partial"))
-    os.rename(build, final)
-    fsync_dir(target.versions)
-    pause("before_publish")  # renamed into place, the link not yet swapped
-    atomic_link(target.root, os.path.relpath(final, target.root.parent))
-    pause("after_publish")
-    return final.name
 
 
 def atomic_link(link: Path, target_name: str) -> None:

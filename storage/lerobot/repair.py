@@ -11,7 +11,8 @@ padded or guessed: an episode that is not whole is dropped and named with the re
 with LeRobot's own writer of metadata (``LeRobotDatasetMetadata``: episodes, info, statistics, tasks); the
 rows are the recovered ones, and the video files are copied, never re-encoded. Statistics are the original
 ones where the episode metadata survived, else LeRobot's, computed from the rows and the decoded frames.
-The result is published atomically: built beside the target, fsynced, then renamed into place.
+The result is published atomically: built beside the target, fsynced, then renamed into place
+(``storage/lerobot/version_builder.py``).
 
 A dataset demoforge exported (it carries ``meta/demoforge.json``) stays demoforge's: its metadata is rewritten by
 the export's own writers (episode rows with their sub-task columns, statistics, tasks, info), its episode records
@@ -41,17 +42,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from demoforge.storage.durable import FsyncPool, fsync_dir
+from demoforge.storage.durable import fsync_dir
 from demoforge.storage.lerobot.format import (
-    INFO,
     MARKER,
     SIDECAR,
     ExportMarker,
-    FileChecksum,
     MarkerError,
     PublishedEpisode,
     camera_key,
-    file_checksum,
     next_file,
     read_sidecar,
 )
@@ -62,13 +60,10 @@ from demoforge.storage.lerobot.publish import (
     Published,
     finished_versions,
     lock_exports,
-    publish_version,
     remove_unfinished,
     resolve_target,
-    version_name,
-    write_json,
 )
-from demoforge.storage.paths import short_path
+from demoforge.storage.lerobot.version_builder import PathBuilder, VersionBuilder, VersionMetadata, end_version
 from demoforge.storage.scheduling import normal_priority
 from demoforge.storage.video import decode_indices
 from demoforge.storage.write_errors import StorageWriteError
@@ -128,15 +123,6 @@ class _Episode:
     videos: dict[str, tuple[int, int, float, float]] = field(default_factory=dict)  # key -> chunk, file, from, to
     pngs: dict[str, Path] = field(default_factory=dict)  # key -> its complete PNG folder, encoded by repair
     problem: str | None = None
-
-
-def _fsync_tree(root: Path) -> None:
-    """Every file, then every folder of a built dataset: all of it is on disk before the rename that publishes
-    it (one concurrent batch, as a dataset version is published)."""
-    walked = list(os.walk(root))
-    with FsyncPool() as pool:
-        pool.fsync_all([Path(folder) / name for folder, _dirs, files in walked for name in files],
-                       [Path(folder) for folder, _dirs, _files in walked])
 
 
 def _chunk_file(path: Path) -> tuple[int, int]:
@@ -581,11 +567,11 @@ def _next_cursor(build: Path, pattern: str) -> tuple[int, int]:
 
 def _demoforge_metadata(build: Path, info: dict[str, Any], features: dict[str, dict], kept: list[_Episode],
                         tasks: Any, ours: _Ours, number: int, lost: list[int], progress: Callable[[int, int], None]
-                        ) -> None:
-    """Episodes, statistics, tasks, info, episode records and the marker, by the export's own writers (a
-    dataset demoforge exported: what a later export appends to must be what it writes)."""
-    from demoforge.storage.lerobot.files import EpisodeMetaRow, write_episode_meta, write_stats_file, write_tasks
-    from demoforge.storage.lerobot.subtasks import subtask_columns, write_temporal_proportions
+                        ) -> VersionMetadata:
+    """The episode rows by the export's own writer, and what the small files and the marker say (the version
+    builder writes them: a dataset demoforge exported must stay what a later export appends to)."""
+    from demoforge.storage.lerobot.files import EpisodeMetaRow, write_episode_meta
+    from demoforge.storage.lerobot.subtasks import subtask_columns
 
     fps = int(info["fps"])
     records = [ours.records.get(e.index) for e in kept]
@@ -602,51 +588,59 @@ def _demoforge_metadata(build: Path, info: dict[str, Any], features: dict[str, d
         start += length
         progress(new_index + 1, len(kept))
     meta_next, _files = write_episode_meta(build, rows, (0, 0))
-    write_temporal_proportions(build)
     names = {str(name): int(index) for name, index in zip(tasks.index, tasks["task_index"])}
-    write_tasks(build, names)
-    write_stats_file(build, [r.stats for r in rows], False)
-    write_json(build / INFO, {**info, "total_episodes": len(kept), "total_frames": start, "total_tasks": len(names),
-                              "splits": {"train": f"0:{len(kept)}"}})
-    if segmented and records:
-        lines = "".join(json.dumps({**r, "dataset_episode_index": i}, allow_nan=False, sort_keys=True) + "\n"
-                        for i, r in enumerate(records) if r is not None)
-        (build / SIDECAR).write_text(lines)
     old = ours.marker
     published = {e.dataset_index: e for e in old.episodes}
     episodes = tuple(PublishedEpisode(published[e.index].episode_id, new, published[e.index].store_id)
                      for new, e in enumerate(kept) if e.index in published)
-    files: dict[str, FileChecksum] = {}
-    for path in sorted(p for p in build.rglob("*") if p.is_file()):
-        if path.relative_to(build).as_posix() != MARKER:
-            files[path.relative_to(build).as_posix()] = file_checksum(path)
     marker = ExportMarker(
         version=number, repo_id=old.repo_id, schema=old.schema, total_episodes=len(kept), total_frames=start,
         tasks=names, next_data=_next_cursor(build, "data/chunk-*/file-*.parquet"), next_meta=meta_next,
         next_videos={name: _next_cursor(build, f"videos/{camera_key(name)}/chunk-*/file-*.mp4")
                      for name in old.next_videos},
-        episodes=episodes, files=files, removed=old.removed,
+        episodes=episodes, removed=old.removed,
         edit={"operation": "repair", "from": {"version": old.version}, "lost": lost})
-    write_json(build / MARKER, marker.to_json())
+    sidecar = [{**r, "dataset_episode_index": i} for i, r in enumerate(records) if r is not None] if segmented else []
+    return VersionMetadata(
+        tasks=names, episode_stats=[r.stats for r in rows], marker=marker, sidecar=sidecar,
+        info={**info, "total_episodes": len(kept), "total_frames": start, "total_tasks": len(names),
+              "splits": {"train": f"0:{len(kept)}"}})
 
 
-def _build(root: Path, build: Path, info: dict[str, Any], features: dict[str, dict], kept: list[_Episode],
-           tasks: Any, progress: Callable[[int, int], None], encode_codec: str | None, ours: _Ours | None,
-           number: int, lost: list[int]) -> None:
-    scratch = build.with_name(build.name + "-videos")
-    try:
-        encoded = _encode_pngs(root, scratch, info, features, kept, encode_codec)
-        meta = _create_lerobot_metadata(root, build, info, features) if ours is None else None
-        if meta is None:
-            build.mkdir(parents=True)
-        _copy_rows_and_videos(root, build, info, kept, encoded)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    if meta is not None:
-        _lerobot_metadata(meta, build, info, features, kept, tasks, progress)
-    else:
-        assert ours is not None
-        _demoforge_metadata(build, info, features, kept, tasks, ours, number, lost, progress)
+@dataclass(frozen=True)
+class _Rebuild:
+    """What repair writes, wherever it goes (a new dataset version, or a folder): the kept episodes' rows and
+    videos, then their metadata by LeRobot's writer (a dataset it made) or the export's (one demoforge made)."""
+
+    root: Path
+    info: dict[str, Any]
+    features: dict[str, dict]
+    kept: list[_Episode]
+    tasks: Any
+    progress: Callable[[int, int], None]
+    encode_codec: str | None
+    ours: _Ours | None
+    lost: list[int]
+
+    def into(self, build: Path, number: int) -> VersionMetadata | None:
+        """Write into ``build`` (created here when missing). A demoforge dataset's small files and marker are left
+        to write: returned as what they say (``number``: the version's)."""
+        root, info, features, kept = self.root, self.info, self.features, self.kept
+        scratch = build.with_name(build.name + "-videos")
+        try:
+            encoded = _encode_pngs(root, scratch, info, features, kept, self.encode_codec)
+            meta = _create_lerobot_metadata(root, build, info, features) if self.ours is None else None
+            if meta is None:
+                build.mkdir(parents=True, exist_ok=True)
+            _copy_rows_and_videos(root, build, info, kept, encoded)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if meta is not None:
+            _lerobot_metadata(meta, build, info, features, kept, self.tasks, self.progress)
+            return None
+        assert self.ours is not None
+        return _demoforge_metadata(build, info, features, kept, self.tasks, self.ours, number, self.lost,
+                                   self.progress)
 
 
 def _lost_episodes(info: dict[str, Any], meta_rows: dict[int, dict[str, Any]], episodes: list[_Episode]
@@ -813,14 +807,13 @@ def _repair(root: Path, target: Path, in_place: bool, dry_run: bool, encode_pngs
     if healthy or dry_run or not kept:
         return RepairReport(root, None, healthy, outcomes, tuple(findings), elapsed_s=time.monotonic() - started)
     lost = [o.episode_index for o in outcomes if not o.recovered]
-    backup = _publish(root, target, in_place, ours, lambda build, number: _build(
-        root, build, info, features, kept, tasks, progress or (lambda done, total: None), encode_codec, ours,
-        number, lost))
+    backup = _publish(root, target, in_place, _Rebuild(root, info, features, kept, tasks,
+                                                      progress or (lambda done, total: None), encode_codec, ours,
+                                                      lost))
     return RepairReport(root, target, False, outcomes, tuple(findings), backup, time.monotonic() - started)
 
 
-def _publish(root: Path, target: Path, in_place: bool, ours: _Ours | None,
-             build_into: Callable[[Path, int], None]) -> Path | None:
+def _publish(root: Path, target: Path, in_place: bool, rebuild: _Rebuild) -> Path | None:
     """Build the repaired dataset and put it in place; returns where the broken one was kept (--in-place).
 
     A demoforge dataset is published as a dataset version (in place: the next version of the dataset's link,
@@ -829,15 +822,15 @@ def _publish(root: Path, target: Path, in_place: bool, ours: _Ours | None,
     import av
 
     published: Published | None = None
-    if ours is not None:
+    if rebuild.ours is not None:
         try:
             published = resolve_target(target)  # in place: the link and its broken version; new: nothing yet
         except ExportError:
             published = None  # a copy of a version folder, not a published link: repaired as a folder
     try:
         if published is not None:
-            return _publish_version(root, published, in_place, build_into)
-        return _publish_folder(root, target, in_place, lambda build: build_into(build, 1))
+            return _publish_version(root, published, in_place, rebuild)
+        return _publish_folder(root, target, in_place, rebuild)
     except av.error.FFmpegError as exc:  # an OSError too: the encoder of --encode-pngs, or a file it reads
         raise RepairError(f"FFmpeg failed while the repaired dataset was built: {exc}; nothing was written") from None
     except PermissionError as exc:
@@ -854,38 +847,37 @@ def _backup_name(root: Path) -> Path:
     return root.with_name(f"{root.name}.broken-{time.strftime('%Y%m%dT%H%M%S')}")
 
 
-def _publish_folder(root: Path, target: Path, in_place: bool, build_into: Callable[[Path], None]) -> Path | None:
+def _publish_folder(root: Path, target: Path, in_place: bool, rebuild: _Rebuild) -> Path | None:
+    """A dataset built beside the target and renamed into place (in place: the broken one moved aside first)."""
     build = target.with_name(f".{target.name}.repair-{os.getpid()}")
     if build.exists():
         shutil.rmtree(build)
-    try:
-        build_into(build)
-        _fsync_tree(build)
-        backup = None
-        if in_place:
-            backup = _backup_name(root)
-            os.rename(root, backup)
-        os.rename(build, target)
-        fsync_dir(target.parent)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        raise
+    backup: Path | None = None
+
+    def move_broken_aside() -> None:
+        nonlocal backup
+        backup = _backup_name(root)
+        os.rename(root, backup)
+
+    with PathBuilder(target, build) as built:
+        metadata = rebuild.into(build, 1)
+        if metadata is not None:  # a copy of a demoforge version folder: its small files and marker too
+            end_version(build, metadata)
+        built.publish(move_broken_aside if in_place else None)
     return backup
 
 
-def _publish_version(root: Path, target: Published, in_place: bool, build_into: Callable[[Path, int], None]
-                     ) -> Path | None:
+def _publish_version(root: Path, target: Published, in_place: bool, rebuild: _Rebuild) -> Path | None:
+    """The repaired dataset as the next version of the dataset's link (the broken version moved out)."""
     fd = lock_exports(target.versions)  # no export or edit publishes meanwhile
     try:
         remove_unfinished(target.versions, target.current)
         number = max([int(v.name[1:]) for v in finished_versions(target.versions)] + [0]) + 1
-        build = target.versions / f"{version_name(number)}.partial"
-        try:
-            build_into(build, number)
-            publish_version(target, build, [p for p in build.rglob("*") if p.is_file()])
-        except BaseException:
-            shutil.rmtree(build, ignore_errors=True)
-            raise
+        with VersionBuilder(target, number, name_write_errors=False) as version:
+            metadata = rebuild.into(version.path, number)
+            assert metadata is not None  # only a dataset demoforge exported is published as a version
+            version.wrote(*(p for p in version.path.rglob("*") if p.is_file()))
+            version.publish(metadata)
         if not in_place or target.current is None:
             return None
         backup = _backup_name(root)

@@ -86,6 +86,7 @@ def write_temporal_proportions(build: Path, meta_glob: str = "meta/episodes/chun
     written = []
     for mode in MODES:
         path = build / PROPORTIONS_PATH.format(mode=mode)
+        path.unlink(missing_ok=True)  # may be a hard link to the published version: never write through it
         path.write_text(json.dumps(proportions, indent=2) + "\n")
         written.append(path)
     return written

@@ -118,21 +118,15 @@ class OnlineWindowSampler:
             store = self.store
             if store is None:
                 return 0
-            catalog = store.catalog
-            version = catalog.data_version()
+            version = store.data_version()
             if version == self._data_version:
                 return 0
-            with catalog.snapshot():
-                rows = catalog.attempts_after(self._max_id) + catalog.attempts_by_row_id(self._pending)
-                quarantined = catalog.count(AttemptState.QUARANTINED)
-                pruned_count = catalog.pruned_count()
-                gone: set[str] = set()
-                if quarantined != self._quarantined:
-                    gone = catalog.episode_ids(AttemptState.QUARANTINED) & set(self._slot_of)
-                pruned: set[str] = set()
-                if pruned_count != self._pruned:  # staged data deleted after export (demoforge prune)
-                    pruned = catalog.pruned_ids()
-                    gone |= pruned & set(self._slot_of)
+            changes = store.attempt_changes(after_row=self._max_id, pending=self._pending,
+                                            quarantined_seen=self._quarantined, pruned_seen=self._pruned)
+            rows, quarantined, pruned_count = changes.rows, changes.quarantined, changes.pruned
+            gone: set[str] = set(changes.quarantined_ids or ()) & set(self._slot_of)
+            pruned: set[str] = set(changes.pruned_ids or ())  # staged data deleted after export (demoforge prune)
+            gone |= pruned & set(self._slot_of)
             self._data_version = version
             self._quarantined = quarantined
             self._pruned = pruned_count

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from demoforge.storage.viewer.files import ViewerError
-from demoforge.storage.viewer.pages import REJECTED_SCRIPT, data_script, episode_script_name, load_assets, \
+from demoforge.pipeline.viewer.files import ViewerError
+from demoforge.pipeline.viewer.pages import REJECTED_SCRIPT, data_script, episode_script_name, load_assets, \
     rejected_payload
-from demoforge.storage.viewer.source import ViewerSource, each_episode, page_index
+from demoforge.pipeline.viewer.source import ViewerSource, each_episode, page_index
 
 SITE_MARKER = ".demoforge-view.json"
 COPY_CHUNK = 1 << 20

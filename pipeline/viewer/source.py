@@ -4,7 +4,7 @@ The only module of the viewer that knows how stores and datasets are laid out: t
 site see :class:`ViewerSource` and nothing else, so this file alone follows a change of the storage read side.
 
 A dataset is pinned at open: ``OUT`` (a link to ``OUT.versions/vNNNNNN``) is resolved once and every file of
-that version is held open (:class:`~demoforge.storage.viewer.files.PinnedTree`), so a new export while the page
+that version is held open (:class:`~demoforge.pipeline.viewer.files.PinnedTree`), so a new export while the page
 is open changes nothing it shows. A store is read as a snapshot of its catalog at open (a writer may run on);
 committed episodes are immutable, their camera streams are remuxed to mp4 on demand.
 
@@ -29,13 +29,13 @@ import numpy as np
 
 from demoforge.storage.lerobot import format as dataset_files
 from demoforge.storage.paths import CATALOG_FILE
-from demoforge.storage.viewer.files import PinnedTree, ViewerError
-from demoforge.storage.viewer.marks import RejectionMarks
+from demoforge.pipeline.viewer.files import PinnedTree, ViewerError
+from demoforge.pipeline.viewer.marks import RejectionMarks
 
 if TYPE_CHECKING:
     from demoforge.storage.schema import DepthVideoIdentity
     from demoforge.storage.staging import StagedEpisode
-    from demoforge.storage.viewer.depth_preview import DepthPreview
+    from demoforge.pipeline.viewer.depth_preview import DepthPreview
 
 CAMERA_PREFIX = "observation.images."
 # The dataset's files as path parts (PinnedTree keys); their names live in storage/lerobot/format.py.
@@ -193,7 +193,7 @@ def _depth_preview(codes: Callable[[], list[np.ndarray]], identity: DepthVideoId
     ``check`` is the command that checks the files it comes from."""
     import av
 
-    from demoforge.storage.viewer.depth_preview import encode_preview
+    from demoforge.pipeline.viewer.depth_preview import encode_preview
 
     try:
         frames = codes()
@@ -400,7 +400,7 @@ class ViewedStore:
 
         try:
             with open_store(path) as store:  # read-only: a viewer never writes a store
-                rows = store.catalog.attempts()
+                rows = store.attempts()
                 fingerprint, self._staging = store.require_job()
         except StoreError as exc:
             raise ViewerError(str(exc)) from None
@@ -479,7 +479,7 @@ class ViewedStore:
         return [(key, f"{camera}.mp4") for camera in self.cameras] if entry.playable else []
 
     def media(self, parts: tuple[str, ...]) -> bytes | None:
-        from demoforge.storage.viewer.remux import remux_to_mp4
+        from demoforge.pipeline.viewer.remux import remux_to_mp4
 
         if len(parts) != 2 or parts[0] not in self._rows or parts not in self.media_of(parts[0]):
             return None

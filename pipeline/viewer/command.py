@@ -10,10 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from demoforge.storage.viewer.files import ViewerError
-from demoforge.storage.viewer.server import ViewerServer, is_loopback
-from demoforge.storage.viewer.source import ViewerSource, open_source
-from demoforge.storage.viewer.static_site import write_site
+from demoforge.pipeline.viewer.files import ViewerError
+from demoforge.pipeline.viewer.server import ViewerServer, is_loopback
+from demoforge.pipeline.viewer.source import ViewerSource, open_source
+from demoforge.pipeline.viewer.static_site import write_site
 
 
 def run_view(path: Path, *, host: str, port: int, html: Path | None) -> int:

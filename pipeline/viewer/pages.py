@@ -21,7 +21,7 @@ import json
 from importlib import resources
 from typing import Any
 
-from demoforge.storage.viewer.source import EPISODE_KEY
+from demoforge.pipeline.viewer.source import EPISODE_KEY
 
 ASSETS = ("index.html", "viewer.js", "viewer.css")
 CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -32,7 +32,7 @@ CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; c
 
 def load_assets() -> dict[str, bytes]:
     """The hand-written page, from the installed package (a wheel ships ``static/`` as package data)."""
-    folder = resources.files("demoforge.storage.viewer") / "static"
+    folder = resources.files("demoforge.pipeline.viewer") / "static"
     return {name: (folder / name).read_bytes() for name in ASSETS}
 
 

@@ -19,8 +19,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from demoforge.storage.viewer.files import PathRefused, url_path_parts
-from demoforge.storage.viewer.pages import (
+from demoforge.pipeline.viewer.files import PathRefused, url_path_parts
+from demoforge.pipeline.viewer.pages import (
     REJECTED_API,
     REJECTED_SCRIPT,
     content_type,
@@ -29,7 +29,7 @@ from demoforge.storage.viewer.pages import (
     load_assets,
     rejected_payload,
 )
-from demoforge.storage.viewer.source import EPISODE_KEY, ViewerSource, page_index
+from demoforge.pipeline.viewer.source import EPISODE_KEY, ViewerSource, page_index
 
 COPY_CHUNK = 1 << 20
 MAX_POST_BYTES = 4096
