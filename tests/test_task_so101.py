@@ -158,7 +158,7 @@ def test_a_process_worker_records_what_the_thread_executor_records_and_it_replay
 
 
 def test_the_viewer_lists_the_episode_with_its_segments_and_both_cameras(job):
-    from demoforge.storage.viewer.source import open_source
+    from demoforge.pipeline.viewer.source import open_source
 
     source = open_source(job[1])
     try:
@@ -172,7 +172,7 @@ def test_the_viewer_lists_the_episode_with_its_segments_and_both_cameras(job):
 
 @pytest.mark.campaign
 def test_lerobot_trains_on_the_export_and_demoforge_eval_runs_the_checkpoint(job, tmp_path):
-    """LeRobot has no SO-101 simulation env: `demoforge eval` runs the trained checkpoint in the task."""
+    """LeRobot's envs do not simulate this scene: `demoforge eval` runs the trained checkpoint in the task."""
     checkpoint = train(tmp_path, job[1])
     config = json.loads((checkpoint / "config.json").read_text())
     assert set(config["input_features"]) == {"observation.images.front", "observation.images.wrist",
