@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from demoforge.pipeline.flags import control_message  # the CLI's words for the stages' facts
 from demoforge.pipeline.rerender_spec import RerenderSpec
 from demoforge.pipeline.tasks.registry import TaskInfo, get_task
 from demoforge.stages.control import ControlError, ControlSpec, check_control, control_features
@@ -85,8 +86,6 @@ class JobSpec:
         try:
             check_control(self.control, tuple(info.action_shape))
         except ControlError as exc:
-            from demoforge.pipeline.flags import control_message  # the CLI's words for the stages' facts
-
             raise JobConfigError(control_message(exc)) from None
         if not info.labels_any_state:
             what = "--driver" if self.control.driver else "--noise"
