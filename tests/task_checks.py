@@ -20,15 +20,18 @@ def ended(records: list[Any]) -> list[AttemptEnded]:
     return [r for r in records if isinstance(r, AttemptEnded)]
 
 
-def check_segments_cover(end: AttemptEnded, records: list[Any], names: tuple[str, ...], target: str) -> None:
-    """The attempt's segments are ``names`` in order, each non-empty and aimed at ``target`` with an
-    instruction, back to back from step 0 to the last frame, and every frame carries its segment's id."""
+def check_segments_cover(end: AttemptEnded, records: list[Any], names: tuple[str, ...],
+                         target: str | tuple[str, ...]) -> None:
+    """The attempt's segments are ``names`` in order, each non-empty and aimed at ``target`` (one for all, or
+    one per segment) with an instruction, back to back from step 0 to the last frame, and every frame carries
+    its segment's id."""
+    targets = (target,) * len(names) if isinstance(target, str) else target
     result = end.result
     assert tuple(s.name for s in result.segments) == names, (result.episode_index, result.segments)
     assert result.segments[0].start_step == 0 and result.segments[-1].end_step == result.length == end.frames
     for before, after in zip(result.segments, result.segments[1:]):
         assert before.end_step == after.start_step and before.length > 0
-    assert all(s.target == target and s.instruction for s in result.segments)
+    assert [s.target for s in result.segments] == list(targets) and all(s.instruction for s in result.segments)
     frames = frames_of(records, result.episode_index)
     assert [f.annotations.segment_id for f in frames] == [s.segment_id for s in result.segments
                                                           for _ in range(s.length)]

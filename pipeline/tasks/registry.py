@@ -241,6 +241,9 @@ _BUILTIN_MODULES = {
     "aloha-insertion": "demoforge.pipeline.tasks.aloha_insertion",
     "so101-pick-place": "demoforge.pipeline.tasks.so101_pick_place",
     "robosuite-lift": "demoforge.pipeline.tasks.robosuite_lift",
+    "robosuite-can": "demoforge.pipeline.tasks.robosuite_can",
+    "robosuite-square": "demoforge.pipeline.tasks.robosuite_square",
+    "robosuite-stack": "demoforge.pipeline.tasks.robosuite_stack",
     "so101-plugin-pick-cube": "demoforge.pipeline.tasks.so101_plugin",
 }
 # Built-in families: every name with the prefix is registered when the module is imported; its ``task_names()``
