@@ -96,3 +96,21 @@ def generate_with_a_worker_process(root: Path, name: str, task_args: tuple[str, 
                    "--executor", "process", "--workers", "1", timeout=600)
     assert done.returncode == 0, done.stderr
     return store, dataset
+
+
+def check_plain_robosuite_retraces(env: Any, frames: list[Frame]) -> None:
+    """The recorded actions, stepped in ``env`` (a plain robosuite env the test built with the attempt's seed),
+    give the recorded robot state (robomimic's proprioception keys) and the env's own ``object-state`` at every
+    step, and robosuite's success at the end. Closes ``env``."""
+    try:
+        observation = env.reset()
+        for frame in frames:
+            robot = np.concatenate([observation[k] for k in ("robot0_eef_pos", "robot0_eef_quat",
+                                                             "robot0_gripper_qpos")])
+            np.testing.assert_allclose(frame.state["observation.state"], robot, atol=1e-5)
+            np.testing.assert_allclose(frame.state["observation.environment_state"], observation["object-state"],
+                                       atol=1e-5)
+            observation, *_ = env.step(np.asarray(frame.action, dtype=np.float64))
+        assert env._check_success()
+    finally:
+        env.close()

@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 from demoforge.pipeline.tasks.registry import TaskOptionError, get_task  # noqa: E402
 from demoforge.stages.executor import run_episodes  # noqa: E402
 from demoforge.stages.records import AttemptStarted  # noqa: E402
-from task_checks import check_segments_cover, ended, frames_of  # noqa: E402
+from task_checks import check_plain_robosuite_retraces, check_segments_cover, ended, frames_of  # noqa: E402
 
 TASK = "robosuite-can"
 SEGMENTS = (("reach", "can"), ("grasp", "can"), ("lift", "can"), ("transport", "bin"), ("place", "bin"),
@@ -60,19 +60,7 @@ def test_a_plain_robosuite_env_retraces_the_episode(can):
     robot state and the env's own object-state (robomimic's ``object``) at every step, and robosuite's success
     at the end."""
     (started,) = [r for r in can if isinstance(r, AttemptStarted)]
-    env = _plain_can(started.seed)
-    try:
-        observation = env.reset()
-        for frame in frames_of(can, 0):
-            robot = np.concatenate([observation[k] for k in ("robot0_eef_pos", "robot0_eef_quat",
-                                                             "robot0_gripper_qpos")])
-            np.testing.assert_allclose(frame.state["observation.state"], robot, atol=1e-5)
-            np.testing.assert_allclose(frame.state["observation.environment_state"], observation["object-state"],
-                                       atol=1e-5)
-            observation, *_ = env.step(np.asarray(frame.action, dtype=np.float64))
-        assert env._check_success()
-    finally:
-        env.close()
+    check_plain_robosuite_retraces(_plain_can(started.seed), frames_of(can, 0))
 
 
 def test_poses_name_the_can_and_its_compartment():

@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 from demoforge.pipeline.tasks.registry import TaskOptionError, get_task  # noqa: E402
 from demoforge.stages.executor import run_episodes  # noqa: E402
 from demoforge.stages.records import AttemptStarted  # noqa: E402
-from task_checks import check_segments_cover, ended, frames_of  # noqa: E402
+from task_checks import check_plain_robosuite_retraces, check_segments_cover, ended, frames_of  # noqa: E402
 
 TASK = "robosuite-stack"
 EPISODES = 2
@@ -60,19 +60,7 @@ def test_a_plain_robosuite_env_retraces_the_episode(stack):
     """The recorded actions, stepped in a plain Stack seeded with the attempt's seed, give the recorded robot
     state and the env's own object-state at every step, and robosuite's success at the end."""
     (started,) = [r for r in stack if isinstance(r, AttemptStarted) and r.key.episode_index == 1]
-    env = _plain_stack(started.seed)
-    try:
-        observation = env.reset()
-        for frame in frames_of(stack, 1):
-            robot = np.concatenate([observation[k] for k in ("robot0_eef_pos", "robot0_eef_quat",
-                                                             "robot0_gripper_qpos")])
-            np.testing.assert_allclose(frame.state["observation.state"], robot, atol=1e-5)
-            np.testing.assert_allclose(frame.state["observation.environment_state"], observation["object-state"],
-                                       atol=1e-5)
-            observation, *_ = env.step(np.asarray(frame.action, dtype=np.float64))
-        assert env._check_success()
-    finally:
-        env.close()
+    check_plain_robosuite_retraces(_plain_stack(started.seed), frames_of(stack, 1))
 
 
 def test_poses_name_both_cubes_in_the_world():
