@@ -90,7 +90,6 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
     if lookahead < 2:
         raise ValueError(f"lookahead must be at least 2 records, got {lookahead}")
     context = context or StageContext()
-    delay_s = context.delay("encode")
     specs = {c.name: c for c in cameras}
     lanes = AsyncLaneSet({name: functools.partial(make_recording_encoder, spec, fps, settings,
                                                   stats_dir=stats_dir)
@@ -101,7 +100,7 @@ async def encode_stage(receive: MemoryObjectReceiveStream[Record], send: MemoryO
     try:
         async with receive, send, slots_recv:
             await run_halves(functools.partial(_feed, receive, slots_send, lanes, specs),
-                             functools.partial(_emit, slots_recv, send, lanes, context, delay_s))
+                             functools.partial(_emit, slots_recv, send, lanes, context))
     finally:
         await lanes.close()
 
@@ -123,8 +122,9 @@ async def _feed(receive: MemoryObjectReceiveStream[Record], slots: MemoryObjectS
 
 
 async def _emit(slots: MemoryObjectReceiveStream[_Slot], send: MemoryObjectSendStream[EncodedRecord],
-                lanes: AsyncLaneSet, context: StageContext, delay_s: float, stage: anyio.CancelScope) -> None:
+                lanes: AsyncLaneSet, context: StageContext, stage: anyio.CancelScope) -> None:
     """Send results on in order; leaves ``slots`` open on failure (the feeder is cancelled, not broken)."""
+    delay_s = context.delay("encode")  # a fault hook: 0 unless a test asks
     try:
         async for slot in slots:
             if isinstance(slot, _FrameSlot):
