@@ -35,7 +35,7 @@ PLAIN = {
 TASKS = sorted(name for name in task_names() if name.startswith("robosuite-"))
 CAMERAS = ("agentview", "robot0_eye_in_hand")
 SIZE = 84
-STEPS = 6  # expert steps whose frames are compared after the reset's
+STEPS = 3  # expert steps whose frames are compared after the reset's
 
 
 def test_every_robosuite_task_has_a_plain_reference():

@@ -82,6 +82,7 @@ def test_bad_options_are_refused_by_name(options, named):
         get_task(TASK).info(options)
 
 
+@pytest.mark.campaign  # 45 s; tests/test_robosuite_tasks.py checks every task's frames against robosuite's
 def test_a_job_with_both_cameras_exports_named_features_and_replays(tmp_path: Path):
     store, dataset = tmp_path / "store", tmp_path / "ds"
     done = run_cli("generate", "--task", TASK, "--option", "image_size=64", "--option", "antialias=false",
@@ -98,9 +99,9 @@ def test_a_job_with_both_cameras_exports_named_features_and_replays(tmp_path: Pa
     assert report["summary"] == {"reproduced": 1, "diverged": 0, "error": 0}
 
 
-def test_lift_episodes_are_multiplied_and_replay(tmp_path: Path):
-    """The task's poses (OSC_POSE: a delta from the pose reached) let `demoforge multiply` make new episodes from
-    two sources; they replay. The pose -> action conversion inverts the commanded pose exactly."""
+def test_the_pose_to_action_conversion_inverts_the_commanded_pose():
+    """What `demoforge multiply` relies on (OSC_POSE: a delta from the pose reached): the action toward the pose
+    an action commands is that action."""
     env: Any = get_task(TASK).build({"camera": "none"})
     try:
         env.reset(seed=3)
@@ -109,6 +110,11 @@ def test_lift_episodes_are_multiplied_and_replay(tmp_path: Path):
         np.testing.assert_allclose(poses.action_toward(poses.commanded_pose(action), 1.0), action, atol=1e-6)
     finally:
         env.close()
+
+
+@pytest.mark.campaign  # 45 s of CLI jobs; tests/test_multiply.py multiplies fetch, Meta-World and SO-101 sources
+def test_lift_episodes_are_multiplied_and_replay(tmp_path: Path):
+    """The task's poses let `demoforge multiply` make new episodes from two sources; they replay."""
     source, store, dataset = tmp_path / "source", tmp_path / "store", tmp_path / "ds"
     made = run_cli("generate", "--task", TASK, "--option", "camera=none", "--episodes", "2", "--store", str(source))
     assert made.returncode == 0, made.stderr

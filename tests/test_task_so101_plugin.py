@@ -169,6 +169,7 @@ def test_the_export_replays(dataset):
     assert json.loads(replayed.stdout)["summary"] == {"reproduced": EPISODES, "diverged": 0, "error": 0}
 
 
+@pytest.mark.campaign  # LeRobot's train and eval loops: 30 s; the suite checks the export loads in LeRobotDataset
 def test_lerobot_trains_on_the_export_and_evaluates_with_env_type_so101(dataset, tmp_path):
     """lerobot-train (a tiny ACT, one step) on the export, then lerobot-eval of the checkpoint in the plugin's env
     through `--env.type=so101` alone: the policy's inputs are the env's outputs by name. (A 20-step episode: the
