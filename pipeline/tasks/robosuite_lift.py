@@ -96,6 +96,5 @@ SPEC = RobosuiteSpec(
     description="robosuite Lift (robomimic's lift): a Panda with OSC_POSE delta control lifts a cube; a reactive "
                 "expert (reach, grasp, lift)",
     object_parts=OBJECT_PARTS, objects=_objects, make_expert=LiftExpert, validator=_validator,
-    instructions=INSTRUCTIONS,
-    reference=lambda segment, target: None if segment == "lift" else target)  # lifting goes up from the grasp
+    instructions=INSTRUCTIONS)
 ENTRY = register_robosuite(SPEC)

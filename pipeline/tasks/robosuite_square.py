@@ -229,6 +229,5 @@ SPEC = RobosuiteSpec(
     description="robosuite NutAssemblySquare (robomimic's square): a Panda with OSC_POSE delta control puts the "
                 "square nut on the square peg; a reactive expert (reach, grasp, lift, align, insert, release)",
     object_parts=OBJECT_PARTS, objects=_objects, make_expert=SquareExpert, validator=_validator,
-    instructions=INSTRUCTIONS,
-    reference=lambda segment, target: None if segment == "lift" else target)  # lifting goes up from the grasp
+    instructions=INSTRUCTIONS)
 ENTRY = register_robosuite(SPEC)

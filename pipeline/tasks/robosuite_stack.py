@@ -153,7 +153,5 @@ SPEC = RobosuiteSpec(
     description="robosuite Stack (MimicGen's stack): a Panda with OSC_POSE delta control stacks a red cube on a "
                 "green one; a reactive expert (reach, grasp, lift, align, place, release)",
     object_parts=OBJECT_PARTS, objects=_objects, make_expert=StackExpert, validator=_validator,
-    instructions=INSTRUCTIONS,
-    # grasping is relative to cubeA, placing to cubeB; lifting goes up from wherever the grasp was
-    reference=lambda segment, target: None if segment == "lift" else target)
+    instructions=INSTRUCTIONS)  # multiply: grasping moves with cubeA, placing with cubeB, lifting from the grasp
 ENTRY = register_robosuite(SPEC)

@@ -32,7 +32,6 @@ simulator. Success is the env's own (``info["succeed"]``: the block 10 cm up and
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from typing import Any
@@ -44,10 +43,10 @@ from demoforge.pipeline.reactive import Phase, reactive_segments
 from demoforge.pipeline.tasks.mujoco_gl import GL_LOCK
 from demoforge.pipeline.tasks.registry import (
     CameraSpec,
-    TaskDefinitionError,
     TaskEntry,
     TaskInfo,
     TaskOptionError,
+    check_installed,
     register,
 )
 from demoforge.stages.contract import RecordedObservation, Segment, StepView
@@ -210,14 +209,8 @@ class PluginPickExpert:
 # --------------------------------------------------------------------------------------------- options
 def check_plugin() -> None:
     """The plugin is installed at the version this task is written for; a clear error otherwise."""
-    try:
-        installed = importlib.metadata.version(PLUGIN)
-    except importlib.metadata.PackageNotFoundError:
-        raise TaskDefinitionError(f"{PLUGIN} is not installed; {NAME} needs {PLUGIN}=={SUPPORTED_PLUGIN} "
-                                  f"(pip install {PLUGIN}=={SUPPORTED_PLUGIN})") from None
-    if installed != SUPPORTED_PLUGIN:
-        raise TaskDefinitionError(f"{PLUGIN} {installed} is installed; {NAME} is written for {PLUGIN}=="
-                                  f"{SUPPORTED_PLUGIN}: pip install {PLUGIN}=={SUPPORTED_PLUGIN}")
+    check_installed(PLUGIN, SUPPORTED_PLUGIN, NAME, missing=f"pip install {PLUGIN}=={SUPPORTED_PLUGIN}",
+                    install=f"pip install {PLUGIN}=={SUPPORTED_PLUGIN}")
 
 
 def check(options: Mapping[str, Any]) -> None:
